@@ -1,0 +1,21 @@
+"""Typed engine errors; the gRPC layer maps each class to one status code."""
+
+
+class EngineError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+
+class InvalidRequestError(EngineError, ValueError):
+    """The request itself is wrong (maps to INVALID_ARGUMENT). `field` names the offending input."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+
+
+class RequestNotFoundError(EngineError, KeyError):
+    """No request with that id is in flight."""
+
+
+class EngineDeadError(EngineError, RuntimeError):
+    """The engine's step thread stopped; nothing more can be served (maps to UNAVAILABLE)."""

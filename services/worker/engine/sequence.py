@@ -1,0 +1,89 @@
+"""Request state as the scheduler sees it: token ids, progress, block table. No torch here."""
+
+from __future__ import annotations
+
+import enum
+import time
+
+from services.worker.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(enum.Enum):
+    WAITING = "waiting"  # queued, or preempted and waiting to recompute
+    RUNNING = "running"  # holds KV blocks and is scheduled every step
+    FINISHED = "finished"
+
+
+class FinishReason(enum.Enum):
+    STOP = "stop"  # EOS, a stop token id or a stop string
+    LENGTH = "length"  # max_tokens reached, or the model's context is full
+    ABORT = "abort"  # the caller went away or asked to stop
+
+
+class Sequence:
+    """One generation request. `token_ids` holds the prompt followed by every generated token.
+
+    num_computed_tokens counts the leading tokens whose KV is in the cache; the scheduler advances it
+    after each step. A preempted sequence drops its blocks and starts again from 0 (recompute).
+    """
+
+    __slots__ = (
+        "arrival_time",
+        "block_hashes",
+        "block_table",
+        "eos_token_ids",
+        "finish_reason",
+        "num_cached_tokens",
+        "num_computed_tokens",
+        "num_preemptions",
+        "num_prompt_tokens",
+        "params",
+        "request_id",
+        "status",
+        "token_ids",
+    )
+
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        eos_token_ids: frozenset[int] = frozenset(),
+        arrival_time: float | None = None,
+    ) -> None:
+        self.request_id = request_id
+        self.token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.eos_token_ids = eos_token_ids
+        self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.status = SequenceStatus.WAITING
+        self.finish_reason: FinishReason | None = None
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at the last admission
+        self.num_preemptions = 0
+        self.block_table: list[int] = []
+        # Chained hashes of the leading full blocks already registered in the prefix cache.
+        self.block_hashes: list[int] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def __repr__(self) -> str:
+        return (
+            f"Sequence({self.request_id!r}, {self.status.value}, tokens={self.num_tokens}, "
+            f"computed={self.num_computed_tokens}, blocks={len(self.block_table)})"
+        )
