@@ -1,0 +1,61 @@
+"""Engine settings: one typed object, with the values measured at start kept apart in EngineLayout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+_DEFAULT_CPU_KV_BYTES = 256 * 1024**2
+
+
+@dataclass(frozen=True, kw_only=True)
+class EngineConfig:
+    """How one decoder engine runs.
+
+    kv_cache_bytes: byte budget of the paged KV pool; None means 256 MiB on CPU, or
+    gpu_memory_utilization of the device's free memory (after loading weights) on CUDA.
+    max_model_len: None means the checkpoint's context length.
+    """
+
+    dtype: str = "float32"
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_bytes: int | None = None
+    gpu_memory_utilization: float = 0.8
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 1024
+    max_model_len: int | None = None
+    enable_prefix_caching: bool = True
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:
+            raise ValueError(f"kv_cache_bytes must be positive, got {self.kv_cache_bytes}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+
+
+@dataclass(frozen=True)
+class EngineLayout:
+    """What the engine measured and decided at start."""
+
+    num_kv_blocks: int
+    block_size: int
+    kv_cache_bytes: int
+    max_model_len: int
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.num_kv_blocks * self.block_size
+
+
+def default_kv_bytes(config: EngineConfig, device_free_bytes: int | None) -> int:
+    """The KV pool budget in bytes: configured, else a fraction of free device memory, else 256 MiB."""
+    if config.kv_cache_bytes is not None:
+        return config.kv_cache_bytes
+    if device_free_bytes is not None:
+        return int(device_free_bytes * config.gpu_memory_utilization)
+    return _DEFAULT_CPU_KV_BYTES

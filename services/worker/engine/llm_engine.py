@@ -1,0 +1,146 @@
+"""The synchronous engine core: add requests, step, collect outputs. One thread drives it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from services.worker.engine.block_manager import BlockManager
+from services.worker.engine.config import EngineConfig, EngineLayout, default_kv_bytes
+from services.worker.engine.errors import InvalidRequestError
+from services.worker.engine.model_runner import KVCacheSpec, ModelRunner
+from services.worker.engine.outputs import RequestOutput, TextState, make_output
+from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.scheduler import Scheduler, SchedulerConfig
+from services.worker.engine.sequence import FinishReason, Sequence
+from services.worker.models.config import DecoderConfig
+from services.worker.models.loader import LoadedModel, load_model
+
+
+class LLMEngine:
+    """Continuous-batching engine for one decoder model. Not thread-safe: call it from one thread."""
+
+    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        self.loaded: LoadedModel = load_model(model_dir, dtype=self.config.dtype, device=self.config.device)
+        model_config = self.loaded.config
+        if not isinstance(model_config, DecoderConfig):
+            raise InvalidRequestError("model", f"{model_dir} is an encoder; serve it with EmbeddingEngine")
+        self.model_config = model_config
+        self.tokenizer = self.loaded.tokenizer
+        self.device = torch.device(self.config.device)
+        self.layout = self._plan_layout()
+        spec = self._kv_spec()
+        self.runner = ModelRunner(self.loaded.model, spec, self.layout.num_kv_blocks, self.device, self.config.seed)
+        self.block_manager = BlockManager(
+            self.layout.num_kv_blocks, self.layout.block_size, self.config.enable_prefix_caching
+        )
+        self.scheduler = Scheduler(
+            SchedulerConfig(
+                max_model_len=self.layout.max_model_len,
+                max_num_seqs=self.config.max_num_seqs,
+                max_num_batched_tokens=self.config.max_num_batched_tokens,
+            ),
+            self.block_manager,
+        )
+        self._text: dict[str, TextState] = {}
+        self._sequences: dict[str, Sequence] = {}
+
+    def add_request(
+        self, request_id: str, prompt: str | list[int], params: SamplingParams, *, detokenize: bool = True
+    ) -> Sequence:
+        """Validate and queue a request; raises InvalidRequestError (nothing queued) on bad input."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidRequestError("sampling", f"expected SamplingParams, got {type(params).__name__}")
+        token_ids = self._tokenize(prompt)
+        seq = Sequence(request_id, token_ids, params, eos_token_ids=self.model_config.eos_token_ids)
+        self.scheduler.add(seq)
+        self._sequences[request_id] = seq
+        if self.tokenizer is not None and (detokenize or params.stop):
+            self._text[request_id] = TextState(self.tokenizer, seq)
+        return seq
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its KV blocks; its final output, or None if it is not in flight."""
+        seq = self.scheduler.abort(request_id)
+        if seq is None:
+            return None
+        self._forget(request_id)
+        return make_output(seq, [], "")
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def step(self) -> list[RequestOutput]:
+        """Run one batched model step; an output for every request that gained a token or finished."""
+        batch = self.scheduler.schedule()
+        if batch is None:
+            return []
+        sampled = self.runner.execute(batch)
+        self.scheduler.update(batch, sampled)
+        outputs = []
+        for seq, token in zip(batch.seqs, sampled, strict=True):
+            if token is not None:  # None: a prefill chunk that has not reached the prompt's end
+                outputs.append(self._output(seq, token))
+        return outputs
+
+    def _output(self, seq: Sequence, token: int) -> RequestOutput:
+        text = ""
+        state = self._text.get(seq.request_id)
+        if state is not None:
+            text, hit_stop = state.push(token, seq.is_finished)
+            if hit_stop and not seq.is_finished:
+                self.scheduler.finish(seq, FinishReason.STOP)
+        if seq.is_finished:
+            self._forget(seq.request_id)
+        return make_output(seq, [token], text)
+
+    def _forget(self, request_id: str) -> None:
+        self._text.pop(request_id, None)
+        self._sequences.pop(request_id, None)
+        self.runner.sampler.release(request_id)
+
+    def _tokenize(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("prompt", "is empty; send at least one character or token id")
+            if self.tokenizer is None:
+                raise InvalidRequestError("prompt", "this model has no tokenizer.json; send prompt_token_ids")
+            token_ids = self.tokenizer.encode(prompt)
+        else:
+            token_ids = list(prompt)
+        if not token_ids:
+            raise InvalidRequestError("prompt", "is empty; send at least one token")
+        vocab = self.model_config.vocab_size
+        bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise InvalidRequestError("prompt_token_ids", f"token id {bad!r} is outside the vocabulary [0, {vocab})")
+        limit = self.layout.max_model_len
+        if len(token_ids) >= limit:
+            raise InvalidRequestError(
+                "prompt", f"{len(token_ids)} tokens leave no room to generate: the model's context is {limit} tokens"
+            )
+        return token_ids
+
+    def _kv_spec(self) -> KVCacheSpec:
+        c = self.model_config
+        dtype = next(self.loaded.model.parameters()).dtype
+        return KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.config.block_size, dtype)
+
+    def _plan_layout(self) -> EngineLayout:
+        spec = self._kv_spec()
+        max_model_len = min(self.config.max_model_len or self.model_config.max_model_len,
+                            self.model_config.max_model_len)
+        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+        budget = default_kv_bytes(self.config, free)
+        # Never reserve more than every seat filled to the full context could use.
+        most_useful = self.config.max_num_seqs * -(-max_model_len // spec.block_size) * spec.bytes_per_block
+        if self.config.kv_cache_bytes is None:
+            budget = min(budget, most_useful)
+        num_blocks = budget // spec.bytes_per_block
+        if num_blocks < 1:
+            raise ValueError(
+                f"kv_cache_bytes={budget} holds no KV block of {spec.bytes_per_block} bytes; raise the budget"
+            )
+        return EngineLayout(num_blocks, spec.block_size, num_blocks * spec.bytes_per_block, max_model_len)

@@ -1,0 +1,158 @@
+"""Model runner: owns every tensor of a decoder (weights, KV cache) and runs one batched step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from services.worker.engine.sampler import Sampler
+from services.worker.engine.scheduler import ScheduledBatch
+from services.worker.models.paged_attention import AttentionMetadata, PagedAttention, PrefillChunk
+
+
+@dataclass(frozen=True)
+class KVCacheSpec:
+    """Shape of the paged KV cache; bytes_per_block covers K and V of every layer."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    block_size: int
+    dtype: torch.dtype
+
+    @property
+    def bytes_per_block(self) -> int:
+        element = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
+
+
+@dataclass
+class StepInputs:
+    """Flat inputs of one step; `order` maps flat position i to the batch index it came from."""
+
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    metadata: AttentionMetadata
+    sample_rows: torch.Tensor  # [S] flat index of each sampling sequence's last token
+    sample_batch_index: list[int]  # batch index of each of those S rows
+
+
+class ModelRunner:
+    """Turns a ScheduledBatch into one forward pass over all of its tokens, and samples."""
+
+    def __init__(self, model: torch.nn.Module, spec: KVCacheSpec, num_blocks: int, device: torch.device,
+                 seed: int | None = None) -> None:
+        self.model = model
+        self.spec = spec
+        self.device = device
+        self.num_blocks = num_blocks
+        shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
+        self.kv_caches = [
+            (torch.zeros(shape, dtype=spec.dtype, device=device), torch.zeros(shape, dtype=spec.dtype, device=device))
+            for _ in range(spec.num_layers)
+        ]
+        self.attention = PagedAttention(self.kv_caches)
+        self.sampler = Sampler(device, seed)
+        self._pin = device.type == "cuda"
+
+    @torch.inference_mode()
+    def execute(self, batch: ScheduledBatch) -> list[int | None]:
+        """Run the batch; the sampled token per sequence (None for a prefill chunk that samples nothing)."""
+        inputs = self.prepare(batch)
+        logits = self.forward(inputs)
+        sampled: list[int | None] = [None] * len(batch.seqs)
+        if inputs.sample_batch_index:
+            seqs = [batch.seqs[i] for i in inputs.sample_batch_index]
+            tokens = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
+            for i, token in zip(inputs.sample_batch_index, tokens, strict=True):
+                sampled[i] = token
+        return sampled
+
+    @torch.inference_mode()
+    def forward(self, inputs: StepInputs) -> torch.Tensor:
+        """Logits [S, vocab] (float32) for the sampling rows of a prepared step."""
+        self.attention.metadata = inputs.metadata
+        hidden = self.model(inputs.input_ids, inputs.positions, self.attention)
+        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        """Flatten the batch, decodes first, and build every index tensor the attention needs."""
+        bs = self.spec.block_size
+        decodes = [i for i, n in enumerate(batch.num_tokens) if n == 1]
+        prefills = [i for i, n in enumerate(batch.num_tokens) if n > 1]
+        order = decodes + prefills
+        token_ids: list[int] = []
+        positions: list[int] = []
+        seq_of_token: list[int] = []
+        sample_rows: list[int] = []
+        sample_batch_index: list[int] = []
+        for row, i in enumerate(order):
+            seq, n = batch.seqs[i], batch.num_tokens[i]
+            start = seq.num_computed_tokens
+            token_ids.extend(seq.token_ids[start : start + n])
+            positions.extend(range(start, start + n))
+            seq_of_token.extend([row] * n)
+            if batch.will_sample[i]:
+                sample_rows.append(len(token_ids) - 1)
+                sample_batch_index.append(i)
+        max_blocks = max(len(batch.seqs[i].block_table) for i in order)
+        tables = torch.tensor([_padded(batch.seqs[i].block_table, max_blocks) for i in order], dtype=torch.long)
+        positions_t = torch.tensor(positions, dtype=torch.long)
+        rows_t = torch.tensor(seq_of_token, dtype=torch.long)
+        slot_mapping = tables[rows_t, positions_t // bs] * bs + positions_t % bs
+
+        num_decodes = len(decodes)
+        decode_tables = decode_mask = None
+        if num_decodes:
+            decode_blocks = max(-(-(batch.seqs[i].num_computed_tokens + 1) // bs) for i in decodes)
+            decode_tables = tables[:num_decodes, :decode_blocks]
+            context_lens = positions_t[:num_decodes] + 1
+            decode_mask = torch.arange(decode_blocks * bs) < context_lens.unsqueeze(1)
+            decode_mask = decode_mask.view(num_decodes, 1, 1, -1)
+        chunks = []
+        offset = num_decodes
+        for row, i in enumerate(prefills, start=num_decodes):
+            seq, n = batch.seqs[i], batch.num_tokens[i]
+            start = seq.num_computed_tokens
+            blocks = mask = None
+            if start > 0:
+                context = start + n
+                blocks = tables[row, : -(-context // bs)]
+                query_pos = torch.arange(start, context).unsqueeze(1)
+                mask = torch.arange(context).unsqueeze(0) <= query_pos
+            chunks.append(PrefillChunk(offset, n, blocks, start + n, mask))
+            offset += n
+        to = self._to_device
+        metadata = AttentionMetadata(
+            slot_mapping=to(slot_mapping),
+            num_decodes=num_decodes,
+            decode_block_tables=None if decode_tables is None else to(decode_tables),
+            decode_mask=None if decode_mask is None else to(decode_mask),
+            prefills=[
+                PrefillChunk(c.start, c.num_tokens, None if c.context_blocks is None else to(c.context_blocks),
+                             c.context_len, None if c.mask is None else to(c.mask))
+                for c in chunks
+            ]
+            if self.device.type != "cpu"
+            else chunks,
+        )
+        return StepInputs(
+            input_ids=to(torch.tensor(token_ids, dtype=torch.long)),
+            positions=to(positions_t),
+            metadata=metadata,
+            sample_rows=to(torch.tensor(sample_rows, dtype=torch.long)),
+            sample_batch_index=sample_batch_index,
+        )
+
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """Host tensor -> model device; pinned and asynchronous on CUDA so the copy overlaps the launch."""
+        if self.device.type == "cpu":
+            return t
+        if self._pin:
+            t = t.pin_memory()
+        return t.to(self.device, non_blocking=True)
+
+
+def _padded(values: list[int], length: int) -> list[int]:
+    return values + [0] * (length - len(values))

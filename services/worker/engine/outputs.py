@@ -1,0 +1,76 @@
+"""What the engine hands back per step, and the per-request text state behind it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from services.worker.engine.sequence import FinishReason, Sequence
+from services.worker.models.tokenizer import IncrementalDecoder, Tokenizer
+
+
+@dataclass
+class RequestOutput:
+    """One request's progress in one step: the new tokens and text since its previous output."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_text: str  # "" when the request was added with detokenize=False
+    finished: bool
+    finish_reason: str | None  # "stop", "length" or "abort" once finished
+    num_prompt_tokens: int
+    num_output_tokens: int
+    num_cached_tokens: int  # prompt tokens served from the prefix cache
+
+
+class TextState:
+    """Incremental detokenization and stop-string matching for one request.
+
+    Text that could still turn out to be the start of a stop string is held back (at most the longest
+    stop string minus one character), so a stop string is never streamed and then taken back.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, seq: Sequence) -> None:
+        self.decoder = IncrementalDecoder(tokenizer, seq.token_ids[: seq.num_prompt_tokens])
+        self.stops = seq.params.stop
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""
+        self.sent = 0  # characters of self.text already returned
+
+    def push(self, token_id: int, finished: bool) -> tuple[str, bool]:
+        """Feed one token; returns (text delta to send, whether a stop string ended the output)."""
+        delta = self.decoder.push(token_id)
+        if finished:
+            delta += self.decoder.flush()
+        search_from = max(0, len(self.text) - self.hold)
+        self.text += delta
+        for stop in self.stops:
+            at = self.text.find(stop, search_from)
+            if at >= 0:
+                self.text = self.text[:at]
+                return self._take(len(self.text)), True
+        return self._take(len(self.text) if finished else len(self.text) - self.hold), False
+
+    def _take(self, upto: int) -> str:
+        if upto <= self.sent:
+            return ""
+        out = self.text[self.sent : upto]
+        self.sent = upto
+        return out
+
+
+def make_output(seq: Sequence, new_token_ids: list[int], new_text: str) -> RequestOutput:
+    """Snapshot of seq after a step."""
+    reason = seq.finish_reason
+    return RequestOutput(
+        request_id=seq.request_id,
+        new_token_ids=new_token_ids,
+        new_text=new_text,
+        finished=seq.is_finished,
+        finish_reason=None if reason is None else reason.value,
+        num_prompt_tokens=seq.num_prompt_tokens,
+        num_output_tokens=seq.num_output_tokens,
+        num_cached_tokens=seq.num_cached_tokens,
+    )
+
+
+__all__ = ["FinishReason", "RequestOutput", "TextState", "make_output"]

@@ -1,0 +1,73 @@
+"""Token sampling for one step: greedy, temperature, top-k, top-p, per-request seeds."""
+
+from __future__ import annotations
+
+import torch
+
+from services.worker.engine.sampling_params import SamplingParams
+
+
+class Sampler:
+    """Picks one token per row of logits. Seeded requests draw from their own generator, so the same
+    seed gives the same output whatever else shares the batch; the rest share the engine's generator."""
+
+    def __init__(self, device: torch.device, seed: int | None = None) -> None:
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        self._request_generators: dict[str, torch.Generator] = {}
+
+    def release(self, request_id: str) -> None:
+        """Forget a finished request's generator."""
+        self._request_generators.pop(request_id, None)
+
+    def sample(self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]) -> list[int]:
+        """One token id per row of logits [N, V] (float32)."""
+        if all(p.greedy for p in params):
+            return logits.argmax(dim=-1).tolist()
+        greedy_tokens = logits.argmax(dim=-1)
+        temperatures = torch.tensor([p.temperature or 1.0 for p in params], device=logits.device)
+        logits = logits / temperatures.unsqueeze(1)
+        if any(p.top_k is not None or p.top_p < 1.0 for p in params):
+            probs, token_ids = self._truncated_probs(logits, params)
+        else:
+            probs, token_ids = logits.softmax(dim=-1), None
+        choice = (probs / self._exponential_noise(probs, request_ids, params)).argmax(dim=-1)
+        sampled = choice if token_ids is None else token_ids.gather(1, choice.unsqueeze(1)).squeeze(1)
+        is_greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+        return torch.where(is_greedy, greedy_tokens, sampled).tolist()
+
+    def _truncated_probs(
+        self, logits: torch.Tensor, params: list[SamplingParams]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Probabilities over the vocabulary sorted descending, with top-k / top-p tails zeroed."""
+        sorted_logits, token_ids = logits.sort(dim=-1, descending=True)
+        vocab = logits.shape[-1]
+        top_k = torch.tensor([min(p.top_k or vocab, vocab) for p in params], device=logits.device)
+        ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+        sorted_logits = sorted_logits.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
+        probs = sorted_logits.softmax(dim=-1)
+        top_p = torch.tensor([p.top_p for p in params], device=logits.device).unsqueeze(1)
+        # Keep the smallest prefix whose mass reaches top_p: a token goes when the mass before it is enough.
+        mass_before = probs.cumsum(dim=-1) - probs
+        probs = probs.masked_fill(mass_before >= top_p, 0.0)
+        return probs, token_ids
+
+    def _exponential_noise(
+        self, probs: torch.Tensor, request_ids: list[str], params: list[SamplingParams]
+    ) -> torch.Tensor:
+        """Exp(1) noise per row; argmax(p / noise) is a sample from p (the exponential race)."""
+        noise = torch.empty_like(probs)
+        noise.exponential_(generator=self.generator)
+        for row, (request_id, p) in enumerate(zip(request_ids, params, strict=True)):
+            if p.seed is None or p.greedy:
+                continue
+            generator = self._request_generators.get(request_id)
+            if generator is None:
+                generator = torch.Generator(device=probs.device).manual_seed(p.seed)
+                self._request_generators[request_id] = generator
+            noise[row].exponential_(generator=generator)
+        return noise
