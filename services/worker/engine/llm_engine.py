@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,6 +17,16 @@ from services.worker.engine.scheduler import Scheduler, SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence
 from services.worker.models.config import DecoderConfig
 from services.worker.models.loader import LoadedModel, load_model
+
+
+@dataclass
+class EngineStats:
+    """Cumulative counters since start (for metrics and tests)."""
+
+    steps: int = 0
+    preemptions: int = 0
+    tokens_computed: int = 0  # tokens run through the model (prefix-cache hits excluded)
+    generated_tokens: int = 0
 
 
 class LLMEngine:
@@ -44,6 +55,7 @@ class LLMEngine:
             ),
             self.block_manager,
         )
+        self.stats = EngineStats()
         self._text: dict[str, TextState] = {}
         self._sequences: dict[str, Sequence] = {}
 
@@ -79,10 +91,15 @@ class LLMEngine:
             return []
         sampled = self.runner.execute(batch)
         self.scheduler.update(batch, sampled)
+        stats = self.stats
+        stats.steps += 1
+        stats.preemptions += len(batch.preempted)
         outputs = []
         for seq, token in zip(batch.seqs, sampled, strict=True):
             if token is not None:  # None: a prefill chunk that has not reached the prompt's end
                 outputs.append(self._output(seq, token))
+        stats.generated_tokens += len(outputs)
+        stats.tokens_computed += batch.total_tokens
         return outputs
 
     def _output(self, seq: Sequence, token: int) -> RequestOutput:

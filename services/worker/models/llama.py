@@ -138,8 +138,11 @@ class LlamaForCausalLM(nn.Module):
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, str, torch.Tensor]]) -> None:
         """Copy HF-named tensors (file, name, tensor) into the fused parameters, checking every shape."""
-        params = dict(self.named_parameters(remove_duplicate=False))
         tied = self.config.tie_word_embeddings
+        if tied:
+            # Moving the module (to_empty, .to) replaces each parameter separately and unties them.
+            self.lm_head.weight = self.model.embed_tokens.weight
+        params = dict(self.named_parameters(remove_duplicate=False))
         expected_hf = {hf for name in params if not (tied and name == "lm_head.weight") for hf in _hf_names_of(name)}
         seen: set[str] = set()
         file = ""
