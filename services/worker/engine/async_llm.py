@@ -85,7 +85,9 @@ class AsyncLLM:
         Leaving the iteration early (the caller was cancelled or broke out) aborts the request at once.
         """
         if self._dead is not None or self._thread is None:
-            raise EngineDeadError(f"engine is not running: {self._dead!r}" if self._dead else "engine not started")
+            raise EngineDeadError(
+                f"engine is not running: {self._dead!r}" if self._dead else "engine not started"
+            )
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")

@@ -31,8 +31,14 @@ class _Job:
 class EmbeddingEngine:
     """encode(texts) -> float32 [N, D]; safe to call from many threads at once."""
 
-    def __init__(self, model_dir: str | Path, *, dtype: str = "float32", device: str = "cpu",
-                 max_batch_tokens: int = 8192) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_batch_tokens: int = 8192,
+    ) -> None:
         loaded = load_model(model_dir, dtype=dtype, device=device)
         if not isinstance(loaded.config, EncoderConfig):
             raise InvalidRequestError("model", f"{model_dir} is a decoder; serve it with LLMEngine")
@@ -80,7 +86,7 @@ class EmbeddingEngine:
                 raise InvalidRequestError(f"inputs[{i}]", "must be a non-empty string")
         limit = self.config.max_seq_length
         # Truncation, not an error: sentence-transformers truncates to max_seq_length, and clients expect it.
-        return [ids[:limit - 1] + ids[-1:] if len(ids) > limit else ids for ids in self.tokenizer.encode_batch(texts)]
+        return self.tokenizer.encode_batch(texts, max_length=limit)
 
     def _run(self) -> None:
         while True:

@@ -26,7 +26,7 @@ class CompletionOutput:
 
 
 class LLM:
-    """`LLM(model_dir, **engine_options).generate(prompts, params)`; engine_options are EngineConfig fields."""
+    """`LLM(model_dir, **engine_options).generate(prompts, params)`; options are EngineConfig fields."""
 
     def __init__(self, model_dir: str | Path, **engine_options: object) -> None:
         self.engine = LLMEngine(model_dir, EngineConfig(**engine_options))  # type: ignore[arg-type]
@@ -38,12 +38,16 @@ class LLM:
         params: SamplingParams | Seq[SamplingParams] | None = None,
     ) -> list[CompletionOutput]:
         """One output per prompt, in order. Prompts are strings or lists of token ids."""
-        if isinstance(prompts, str) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
+        if isinstance(prompts, str) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
             prompts = [prompts]  # type: ignore[list-item]
         params = params or SamplingParams()
         per_prompt = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(per_prompt) != len(prompts):
-            raise InvalidRequestError("sampling", f"{len(per_prompt)} SamplingParams for {len(prompts)} prompts")
+            raise InvalidRequestError(
+                "sampling", f"{len(per_prompt)} SamplingParams for {len(prompts)} prompts"
+            )
         engine = self.engine
         request_ids = [f"offline-{next(self._ids)}" for _ in prompts]
         added = []
@@ -67,12 +71,14 @@ class LLM:
                 text = "".join(texts[seq.request_id])
             else:
                 text = tokenizer.decode(output_ids) if tokenizer is not None else ""
-            results.append(CompletionOutput(
-                request_id=seq.request_id,
-                prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
-                token_ids=output_ids,
-                text=text,
-                finish_reason=seq.finish_reason.value if seq.finish_reason else "length",
-                num_cached_tokens=seq.num_cached_tokens,
-            ))
+            results.append(
+                CompletionOutput(
+                    request_id=seq.request_id,
+                    prompt_token_ids=seq.token_ids[: seq.num_prompt_tokens],
+                    token_ids=output_ids,
+                    text=text,
+                    finish_reason=seq.finish_reason.value if seq.finish_reason else "length",
+                    num_cached_tokens=seq.num_cached_tokens,
+                )
+            )
         return results

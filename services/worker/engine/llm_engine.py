@@ -43,7 +43,9 @@ class LLMEngine:
         self.device = torch.device(self.config.device)
         self.layout = self._plan_layout()
         spec = self._kv_spec()
-        self.runner = ModelRunner(self.loaded.model, spec, self.layout.num_kv_blocks, self.device, self.config.seed)
+        self.runner = ModelRunner(
+            self.loaded.model, spec, self.layout.num_kv_blocks, self.device, self.config.seed
+        )
         self.block_manager = BlockManager(
             self.layout.num_kv_blocks, self.layout.block_size, self.config.enable_prefix_caching
         )
@@ -132,23 +134,29 @@ class LLMEngine:
         vocab = self.model_config.vocab_size
         bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
         if bad is not None:
-            raise InvalidRequestError("prompt_token_ids", f"token id {bad!r} is outside the vocabulary [0, {vocab})")
+            raise InvalidRequestError(
+                "prompt_token_ids", f"token id {bad!r} is outside the vocabulary [0, {vocab})"
+            )
         limit = self.layout.max_model_len
         if len(token_ids) >= limit:
             raise InvalidRequestError(
-                "prompt", f"{len(token_ids)} tokens leave no room to generate: the model's context is {limit} tokens"
+                "prompt",
+                f"{len(token_ids)} tokens leave no room to generate: the model's context is {limit} tokens",
             )
         return token_ids
 
     def _kv_spec(self) -> KVCacheSpec:
         c = self.model_config
         dtype = next(self.loaded.model.parameters()).dtype
-        return KVCacheSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.config.block_size, dtype)
+        return KVCacheSpec(
+            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.config.block_size, dtype
+        )
 
     def _plan_layout(self) -> EngineLayout:
         spec = self._kv_spec()
-        max_model_len = min(self.config.max_model_len or self.model_config.max_model_len,
-                            self.model_config.max_model_len)
+        max_model_len = min(
+            self.config.max_model_len or self.model_config.max_model_len, self.model_config.max_model_len
+        )
         free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
         budget = default_kv_bytes(self.config, free)
         # Never reserve more than every seat filled to the full context could use.

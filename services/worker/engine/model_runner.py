@@ -41,15 +41,24 @@ class StepInputs:
 class ModelRunner:
     """Turns a ScheduledBatch into one forward pass over all of its tokens, and samples."""
 
-    def __init__(self, model: torch.nn.Module, spec: KVCacheSpec, num_blocks: int, device: torch.device,
-                 seed: int | None = None) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        spec: KVCacheSpec,
+        num_blocks: int,
+        device: torch.device,
+        seed: int | None = None,
+    ) -> None:
         self.model = model
         self.spec = spec
         self.device = device
         self.num_blocks = num_blocks
         shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
         self.kv_caches = [
-            (torch.zeros(shape, dtype=spec.dtype, device=device), torch.zeros(shape, dtype=spec.dtype, device=device))
+            (
+                torch.zeros(shape, dtype=spec.dtype, device=device),
+                torch.zeros(shape, dtype=spec.dtype, device=device),
+            )
             for _ in range(spec.num_layers)
         ]
         self.attention = PagedAttention(self.kv_caches)
@@ -97,7 +106,9 @@ class ModelRunner:
                 sample_rows.append(len(token_ids) - 1)
                 sample_batch_index.append(i)
         max_blocks = max(len(batch.seqs[i].block_table) for i in order)
-        tables = torch.tensor([_padded(batch.seqs[i].block_table, max_blocks) for i in order], dtype=torch.long)
+        tables = torch.tensor(
+            [_padded(batch.seqs[i].block_table, max_blocks) for i in order], dtype=torch.long
+        )
         positions_t = torch.tensor(positions, dtype=torch.long)
         rows_t = torch.tensor(seq_of_token, dtype=torch.long)
         slot_mapping = tables[rows_t, positions_t // bs] * bs + positions_t % bs
@@ -130,8 +141,13 @@ class ModelRunner:
             decode_block_tables=None if decode_tables is None else to(decode_tables),
             decode_mask=None if decode_mask is None else to(decode_mask),
             prefills=[
-                PrefillChunk(c.start, c.num_tokens, None if c.context_blocks is None else to(c.context_blocks),
-                             c.context_len, None if c.mask is None else to(c.mask))
+                PrefillChunk(
+                    c.start,
+                    c.num_tokens,
+                    None if c.context_blocks is None else to(c.context_blocks),
+                    c.context_len,
+                    None if c.mask is None else to(c.mask),
+                )
                 for c in chunks
             ]
             if self.device.type != "cpu"

@@ -18,7 +18,9 @@ class DecodeStepTiming:
     forward_ms: float  # median wall time of the model forward + LM head alone, on the same batch
 
 
-def measure_decode_step(llm: LLM, batch_size: int = 32, context_len: int = 256, steps: int = 20) -> DecodeStepTiming:
+def measure_decode_step(
+    llm: LLM, batch_size: int = 32, context_len: int = 256, steps: int = 20
+) -> DecodeStepTiming:
     """Time decode steps with batch_size running sequences of ~context_len tokens; leaves the engine idle."""
     engine = llm.engine
     generator = torch.Generator().manual_seed(1234)

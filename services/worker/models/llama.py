@@ -52,8 +52,10 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=False)
+        self.qkv_proj = nn.Linear(
+            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
+        )
+        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: PagedAttention
@@ -112,8 +114,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        self.register_buffer("rope_cache", torch.empty(config.max_position_embeddings, config.head_dim),
-                             persistent=False)
+        self.register_buffer(
+            "rope_cache", torch.empty(config.max_position_embeddings, config.head_dim), persistent=False
+        )
 
     def init_buffers(self) -> None:
         """Fill non-checkpoint buffers (the RoPE table) on the model's device; call after loading."""
@@ -143,7 +146,9 @@ class LlamaForCausalLM(nn.Module):
             # Moving the module (to_empty, .to) replaces each parameter separately and unties them.
             self.lm_head.weight = self.model.embed_tokens.weight
         params = dict(self.named_parameters(remove_duplicate=False))
-        expected_hf = {hf for name in params if not (tied and name == "lm_head.weight") for hf in _hf_names_of(name)}
+        expected_hf = {
+            hf for name in params if not (tied and name == "lm_head.weight") for hf in _hf_names_of(name)
+        }
         seen: set[str] = set()
         file = ""
         for file, name, tensor in weights:
@@ -172,7 +177,11 @@ class LlamaForCausalLM(nn.Module):
 
     def _shard_rows(self, shard: str) -> tuple[int, int]:
         c = self.config
-        q, kv, inter = c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size
+        q, kv, inter = (
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+            c.intermediate_size,
+        )
         return {"q": (0, q), "k": (q, kv), "v": (q + kv, kv), "gate": (0, inter), "up": (inter, inter)}[shard]
 
 

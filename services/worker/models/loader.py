@@ -1,0 +1,89 @@
+"""Build a model from a checkpoint directory: config -> meta-device module -> weights -> eval."""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from services.worker.models.checkpoint import iter_safetensors
+from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
+from services.worker.models.errors import CheckpointError
+from services.worker.models.tokenizer import Tokenizer
+
+# config.json architecture -> (module, class). Imported on use so loading a BERT never imports the
+# decoder and vice versa. Keys must cover config.DECODER_ARCHITECTURES | ENCODER_ARCHITECTURES.
+ARCHITECTURES: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("services.worker.models.llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("services.worker.models.llama", "LlamaForCausalLM"),
+    "Qwen2ForCausalLM": ("services.worker.models.llama", "LlamaForCausalLM"),
+    "BertModel": ("services.worker.models.bert", "BertEncoder"),
+    "BertForMaskedLM": ("services.worker.models.bert", "BertEncoder"),
+    "BertForPreTraining": ("services.worker.models.bert", "BertEncoder"),
+}
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for inference. tokenizer is None only for a decoder shipped without tokenizer.json."""
+
+    model: nn.Module
+    config: DecoderConfig | EncoderConfig
+    tokenizer: Tokenizer | None
+    model_dir: Path
+    dtype: torch.dtype
+    device: torch.device
+
+
+def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """torch dtype for "float32" / "bfloat16" / "float16" (or those torch dtypes); ValueError otherwise."""
+    if isinstance(dtype, torch.dtype) and dtype in DTYPES.values():
+        return dtype
+    if isinstance(dtype, str) and dtype in DTYPES:
+        return DTYPES[dtype]
+    raise ValueError(f"unsupported dtype {dtype!r}; allowed: {', '.join(DTYPES)}")
+
+
+def model_class(architecture: str) -> type[nn.Module]:
+    """The nn.Module class serving a config.json architecture name; KeyError if none does."""
+    module_name, class_name = ARCHITECTURES[architecture]
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def load_model(
+    model_dir: str | Path, dtype: torch.dtype | str = "float32", device: str | torch.device = "cpu"
+) -> LoadedModel:
+    """Load a Hugging Face-format checkpoint directory onto device in dtype, in eval mode.
+
+    Raises CheckpointError (naming the file) for anything wrong with the checkpoint, ValueError for a
+    dtype outside DTYPES.
+    """
+    torch_dtype = parse_dtype(dtype)
+    model_dir = Path(model_dir)
+    device = torch.device(device)
+    config = load_model_config(model_dir)
+    has_tokenizer = (model_dir / "tokenizer.json").is_file()
+    if isinstance(config, EncoderConfig) and not has_tokenizer:
+        raise CheckpointError(model_dir / "tokenizer.json", "file not found (an embedding model needs one)")
+    tokenizer = Tokenizer(model_dir) if has_tokenizer else None
+    # Building on meta allocates nothing; to_empty then allocates each tensor once, already in dtype.
+    with torch.device("meta"):
+        model = model_class(config.architecture)(config)
+    model = model.to(dtype=torch_dtype).to_empty(device=device)
+    with torch.no_grad():
+        model.load_weights(iter_safetensors(model_dir))
+        # Non-persistent buffers (e.g. RoPE tables) are not in the checkpoint and were left
+        # uninitialised by to_empty; the model recomputes them.
+        init_buffers = getattr(model, "init_buffers", None)
+        if callable(init_buffers):
+            init_buffers()
+    model.eval()
+    return LoadedModel(model, config, tokenizer, model_dir, torch_dtype, device)

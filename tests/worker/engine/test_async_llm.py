@@ -1,0 +1,84 @@
+"""Streaming through the engine thread: deltas, concurrency, abort and cancellation free KV at once."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from pathlib import Path
+
+import pytest
+
+from services.worker.engine import LLM, LLMEngine, SamplingParams
+from services.worker.engine.async_llm import AsyncLLM
+from services.worker.engine.config import EngineConfig
+from tests.worker.engine.reference import mixed_prompts
+
+LONG = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
+
+
+@pytest.fixture
+def engine(llama_gqa_dir: Path) -> LLMEngine:
+    return LLMEngine(llama_gqa_dir, EngineConfig(max_num_batched_tokens=64))
+
+
+async def test_streams_equal_offline_output(engine: LLMEngine, llama_gqa_dir: Path) -> None:
+    prompts = ["Once upon a time", "The quick brown fox jumps", *mixed_prompts(6, 512, seed=31)]
+    params = SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    async with AsyncLLM(engine) as llm:
+
+        async def collect(prompt: str | list[int]) -> tuple[list[int], str, str | None]:
+            ids, text, reason = [], "", None
+            async for out in llm.generate(prompt, params):
+                ids += out.new_token_ids
+                text += out.new_text
+                reason = out.finish_reason
+            return ids, text, reason
+
+        streamed = await asyncio.gather(*(collect(p) for p in prompts))
+    offline = LLM(llama_gqa_dir).generate(prompts, params)
+    for (ids, text, reason), ref in zip(streamed, offline, strict=True):
+        assert ids == ref.token_ids
+        assert text == ref.text
+        assert reason == "length"
+
+
+async def test_cancelled_client_frees_kv_at_once(engine: LLMEngine) -> None:
+    async with AsyncLLM(engine) as llm:
+        first_token = asyncio.Event()
+
+        async def consume() -> None:
+            async for _ in llm.generate(list(range(5, 205)), LONG):
+                first_token.set()
+
+        task = asyncio.create_task(consume())
+        await first_token.wait()
+        assert engine.block_manager.num_used_blocks > 0
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await asyncio.wait_for(llm.wait_idle(), timeout=30)
+        assert engine.block_manager.num_used_blocks == 0
+        assert engine.stats.generated_tokens < LONG.max_tokens
+
+
+async def test_abort_ends_stream_with_abort_reason(engine: LLMEngine) -> None:
+    async with AsyncLLM(engine) as llm:
+        reasons = []
+        async for out in llm.generate(list(range(5, 50)), LONG, request_id="to-abort"):
+            if out.num_output_tokens == 3:
+                llm.abort("to-abort")
+            reasons.append(out.finish_reason)
+        assert reasons[-1] == "abort"
+        await asyncio.wait_for(llm.wait_idle(), timeout=30)
+    assert engine.block_manager.num_used_blocks == 0
+
+
+async def test_breaking_out_of_a_stream_aborts(engine: LLMEngine) -> None:
+    async with AsyncLLM(engine) as llm:
+        async with contextlib.aclosing(llm.generate(list(range(5, 50)), LONG)) as stream:
+            async for out in stream:
+                if out.num_output_tokens >= 2:
+                    break
+        await asyncio.wait_for(llm.wait_idle(), timeout=30)
+    assert engine.block_manager.num_used_blocks == 0
+    assert not engine.has_unfinished_requests()
