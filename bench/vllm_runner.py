@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--workload", required=True, type=Path)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--memory-utilization", type=float, default=0.4, help="vLLM gpu_memory_utilization")
     args = parser.parse_args()
 
     from vllm import LLM, SamplingParams
@@ -40,6 +41,9 @@ def main() -> None:
         skip_tokenizer_init=True,
         max_model_len=args.max_model_len,
         seed=0,
+        # On the CPU backend this is the share of host memory vLLM reserves (KV cache included); its 0.92
+        # default fails on a machine that runs anything else.
+        gpu_memory_utilization=args.memory_utilization,
         **extra,
     )
 
