@@ -29,7 +29,7 @@ class KVCacheSpec:
 
 @dataclass
 class StepInputs:
-    """Flat inputs of one step; `order` maps flat position i to the batch index it came from."""
+    """Flat inputs of one step: decodes first, then prefill chunks."""
 
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
@@ -121,37 +121,26 @@ class ModelRunner:
             context_lens = positions_t[:num_decodes] + 1
             decode_mask = torch.arange(decode_blocks * bs) < context_lens.unsqueeze(1)
             decode_mask = decode_mask.view(num_decodes, 1, 1, -1)
+        to = self._to_device
         chunks = []
         offset = num_decodes
         for row, i in enumerate(prefills, start=num_decodes):
             seq, n = batch.seqs[i], batch.num_tokens[i]
             start = seq.num_computed_tokens
             blocks = mask = None
-            if start > 0:
+            if start > 0:  # continues a prompt (chunked prefill or a prefix-cache hit): attend to the cache
                 context = start + n
-                blocks = tables[row, : -(-context // bs)]
+                blocks = to(tables[row, : -(-context // bs)])
                 query_pos = torch.arange(start, context).unsqueeze(1)
-                mask = torch.arange(context).unsqueeze(0) <= query_pos
+                mask = to(torch.arange(context).unsqueeze(0) <= query_pos)
             chunks.append(PrefillChunk(offset, n, blocks, start + n, mask))
             offset += n
-        to = self._to_device
         metadata = AttentionMetadata(
             slot_mapping=to(slot_mapping),
             num_decodes=num_decodes,
             decode_block_tables=None if decode_tables is None else to(decode_tables),
             decode_mask=None if decode_mask is None else to(decode_mask),
-            prefills=[
-                PrefillChunk(
-                    c.start,
-                    c.num_tokens,
-                    None if c.context_blocks is None else to(c.context_blocks),
-                    c.context_len,
-                    None if c.mask is None else to(c.mask),
-                )
-                for c in chunks
-            ]
-            if self.device.type != "cpu"
-            else chunks,
+            prefills=chunks,
         )
         return StepInputs(
             input_ids=to(torch.tensor(token_ids, dtype=torch.long)),
