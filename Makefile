@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+PROTOS := $(wildcard protos/hanzo/inference/v1/*.proto)
+GENERATED := hanzo/inference/v1/placer_pb2.py
 
-.PHONY: setup test lint bench bench-quick clean
+.PHONY: setup protos test lint bench bench-quick bench-placer clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,20 +16,29 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[build,test]"
 	touch $(STAMP)
 
-setup: $(STAMP)
+# Generated gRPC code: produced by the build from protos/, never edited, not committed.
+$(GENERATED): $(PROTOS) services/common/protogen.py $(STAMP)
+	$(PY) -m services.common.protogen
 
-lint: $(STAMP)
+protos: $(GENERATED)
+
+setup: $(STAMP) $(GENERATED)
+
+lint: setup
 	$(VENV)/bin/ruff check .
 
-test: $(STAMP)
+test: setup
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
-bench: $(STAMP)
+bench: setup
 	$(PY) bench/engine.py
 
-bench-quick: $(STAMP)
+bench-quick: setup
 	$(PY) bench/engine.py --quick
 
+bench-placer: setup
+	$(PY) bench/placer.py
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache hanzo
