@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from services.worker.models.synthetic import make_decoder_checkpoint, minilm_path
+from tests.support.redis_server import RedisServer
 
 # Small enough that the whole suite stays fast on 2 CPU cores.
 TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2}
@@ -57,3 +59,12 @@ def llama3_rope_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def minilm_dir() -> Path:
     """The real all-MiniLM-L6-v2 sentence-transformers checkpoint (read-only: copy before editing)."""
     return minilm_path()
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A fresh redis-server for one test, on its own port; stopped afterwards."""
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    server.stop()

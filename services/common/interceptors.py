@@ -1,0 +1,80 @@
+"""A grpc.aio server interceptor mapping typed exceptions to status codes, so servicers stay thin."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+
+from services.common.errors import ServiceError
+from services.worker.engine.errors import EngineDeadError, InvalidRequestError
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
+    """The status a raised exception stands for; None for an unexpected error (a bug: INTERNAL)."""
+    if isinstance(exc, ServiceError):
+        return exc.code, str(exc)
+    if isinstance(exc, InvalidRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, EngineDeadError):
+        return grpc.StatusCode.UNAVAILABLE, str(exc)
+    return None
+
+
+_TYPED = (ServiceError, InvalidRequestError, EngineDeadError)
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    mapped = status_for(exc)
+    assert mapped is not None  # only typed errors are caught
+    await context.abort(*mapped)
+
+
+def _wrap_unary(behavior: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+    async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        try:
+            return await behavior(request, context)
+        except _TYPED as exc:
+            await _abort(context, exc)
+
+    return handler
+
+
+def _wrap_stream(behavior: Callable[..., AsyncIterator[Any]]) -> Callable[..., AsyncIterator[Any]]:
+    async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+        try:
+            async for item in behavior(request, context):
+                yield item
+        except _TYPED as exc:
+            await _abort(context, exc)
+
+    return handler
+
+
+class ErrorInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps every handler: a typed error becomes its status; anything else is left to gRPC (INTERNAL)."""
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        if handler.unary_unary:
+            return grpc.unary_unary_rpc_method_handler(
+                _wrap_unary(handler.unary_unary), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.stream_unary:
+            return grpc.stream_unary_rpc_method_handler(
+                _wrap_unary(handler.stream_unary), handler.request_deserializer, handler.response_serializer
+            )
+        if handler.unary_stream:
+            return grpc.unary_stream_rpc_method_handler(
+                _wrap_stream(handler.unary_stream), handler.request_deserializer, handler.response_serializer
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            _wrap_stream(handler.stream_stream), handler.request_deserializer, handler.response_serializer
+        )

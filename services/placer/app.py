@@ -1,0 +1,104 @@
+"""The placer process: Redis-backed cluster view, picker, replica planner and the gRPC server."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+
+from prometheus_client import start_http_server
+
+from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
+from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
+from services.placer.cluster.schema import Keys
+from services.placer.cluster.store import ClusterStore
+from services.placer.cluster.view import ClusterView, SyncSettings
+from services.placer.config import PlacerSettings
+from services.placer.demand import DemandCounter, demand_rates
+from services.placer.metrics import PlacerMetrics
+from services.placer.pick.framework import Picker
+from services.placer.pick.weights import ClassWeights
+from services.placer.placement import plan_replicas
+from services.placer.servicer import PlacerServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name
+# Named health check that is NOT_SERVING while the snapshot is stale (Redis unreachable).
+FRESHNESS_CHECK = "hanzo.placer.ClusterState"
+
+
+class PlacerApp:
+    """Start with `await app.start()`, stop with `await app.stop()`; `address` is the bound host:port."""
+
+    def __init__(self, settings: PlacerSettings) -> None:
+        self.settings = settings
+        self.instance_id = uuid.uuid4().hex[:12]
+        self.metrics = PlacerMetrics()
+        self.store = ClusterStore(settings.redis_url, Keys(settings.key_prefix))
+        self.view = ClusterView(self.store, SyncSettings(resync_interval_s=settings.resync_interval_s))
+        self.picker = Picker(ClassWeights.from_config(settings.class_weights))
+        self.demand = DemandCounter()
+        self.servicer = PlacerServicer(
+            settings, self.store, self.view, self.picker, self.demand, self.metrics
+        )
+        self.server = new_server()
+        placer_pb2_grpc.add_PlacerServicer_to_server(self.servicer, self.server)
+        self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
+        self.address = bind(self.server, settings.host, settings.port)
+        self.metrics_port: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.view.start()
+        await self.server.start()
+        await set_serving(self.health, ["", SERVICE_NAME], True)
+        if self.settings.metrics_port is not None:
+            http_server, _ = start_http_server(self.settings.metrics_port, registry=self.metrics.registry)
+            self.metrics_port = http_server.server_port
+        self._tasks = [
+            asyncio.create_task(self._planner_loop(), name="replica-planner"),
+            asyncio.create_task(self._freshness_loop(), name="freshness"),
+        ]
+        log.info(
+            "placer %s listening on %s (redis %s)", self.instance_id, self.address, self.settings.redis_url
+        )
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Health goes NOT_SERVING, in-flight calls get grace_s to finish, then everything closes."""
+        await set_serving(self.health, ["", SERVICE_NAME, FRESHNESS_CHECK], False)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.server.stop(grace_s)
+        await self.view.stop()
+        await self.store.close()
+
+    async def _freshness_loop(self) -> None:
+        """Mirror the view's stale flag into health and metrics."""
+        last: bool | None = None
+        while True:
+            stale = self.view.stale
+            self.metrics.stale.set(1 if stale else 0)
+            self.metrics.nodes.set(len(self.view.nodes))
+            if stale != last:
+                await set_serving(self.health, [FRESHNESS_CHECK], not stale)
+                last = stale
+            await asyncio.sleep(min(0.2, self.settings.resync_interval_s))
+
+    async def _planner_loop(self) -> None:
+        """Flush local demand; whichever placer holds the lease plans replicas for the whole cluster."""
+        interval = self.settings.planner_interval_s
+        while True:
+            await asyncio.sleep(interval)
+            with contextlib.suppress(Exception):  # Redis down: the view is already marked stale
+                now = time.time()
+                await self.demand.flush(self.store, now, window_s=interval)
+                if await self.store.hold_planner_lease(self.instance_id, ttl_s=3 * interval):
+                    rates = await demand_rates(self.store, now, window_s=interval)
+                    plan = plan_replicas(self.view.snapshot, rates, self.settings.replica_capacity_rps, now)
+                    await self.store.write_placements(
+                        {node: sorted(models) for node, models in plan.items()}, ttl_s=3 * interval
+                    )

@@ -1,0 +1,58 @@
+"""Placer settings: one typed object from HANZO_PLACER_* environment variables (all optional)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.common.env import env_float, env_int, env_optional_int, env_str
+
+
+@dataclass(frozen=True)
+class PlacerSettings:
+    """host/port: gRPC listen address (port 0 picks a free one). metrics_port: Prometheus HTTP port,
+    None for none, 0 for a free one. Nodes expire node_ttl_factor heartbeat intervals after their last beat.
+    class_weights: per workload class name, scorer name -> weight; missing classes keep the defaults."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    metrics_port: int | None = None
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "hanzo"
+    heartbeat_interval_s: float = 1.0
+    node_ttl_factor: float = 3.0
+    resync_interval_s: float = 1.0
+    planner_interval_s: float = 5.0
+    replica_capacity_rps: float = 20.0
+    class_weights: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    @property
+    def node_ttl_s(self) -> float:
+        return self.heartbeat_interval_s * self.node_ttl_factor
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> PlacerSettings:
+        """Settings from HANZO_PLACER_* variables; ValueError naming a malformed one."""
+        p = "HANZO_PLACER_"
+        weights_file = environ.get(p + "WEIGHTS_FILE")
+        weights = json.loads(Path(weights_file).read_text()) if weights_file else {}
+        return cls(
+            host=env_str(environ, p + "HOST", cls.host),
+            port=env_int(environ, p + "PORT", cls.port, minimum=0),
+            metrics_port=env_optional_int(environ, p + "METRICS_PORT"),
+            redis_url=env_str(environ, p + "REDIS_URL", cls.redis_url),
+            key_prefix=env_str(environ, p + "KEY_PREFIX", cls.key_prefix),
+            heartbeat_interval_s=env_float(
+                environ, p + "HEARTBEAT_INTERVAL_S", cls.heartbeat_interval_s, 0.01
+            ),
+            node_ttl_factor=env_float(environ, p + "NODE_TTL_FACTOR", cls.node_ttl_factor, 1.0),
+            resync_interval_s=env_float(environ, p + "RESYNC_INTERVAL_S", cls.resync_interval_s, 0.01),
+            planner_interval_s=env_float(environ, p + "PLANNER_INTERVAL_S", cls.planner_interval_s, 0.01),
+            replica_capacity_rps=env_float(
+                environ, p + "REPLICA_CAPACITY_RPS", cls.replica_capacity_rps, 0.001
+            ),
+            class_weights=weights,
+        )

@@ -1,0 +1,48 @@
+"""Prometheus metrics of one placer, in its own registry (two placers can share a process in tests)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class PlacerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.picks = Counter(
+            "hanzo_placer_picks",
+            "Pick decisions by workload class and outcome",
+            ["workload_class", "outcome"],
+            registry=self.registry,
+        )
+        self.pick_seconds = Histogram(
+            "hanzo_placer_pick_seconds",
+            "Time to decide one pick (filters + scorers), in-process",
+            buckets=(25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 1e-2),
+            registry=self.registry,
+        )
+        self.heartbeats = Counter(
+            "hanzo_placer_heartbeats", "Worker heartbeats received", registry=self.registry
+        )
+        self.telemetry_samples = Counter(
+            "hanzo_placer_telemetry_samples",
+            "GPU samples received from telemetry agents",
+            registry=self.registry,
+        )
+        self.nodes = Gauge("hanzo_placer_nodes", "Workers in this placer's snapshot", registry=self.registry)
+        self.stale = Gauge(
+            "hanzo_placer_snapshot_stale",
+            "1 while Redis cannot be read and picks use the last snapshot",
+            registry=self.registry,
+        )
+        self.gpu_temperature = Gauge(
+            "hanzo_gpu_temperature_celsius",
+            "Latest GPU temperature per worker",
+            ["node_id"],
+            registry=self.registry,
+        )
+        self.gpu_throttled = Gauge(
+            "hanzo_gpu_throttle_reasons",
+            "Latest NVML clock-event reason bits per worker",
+            ["node_id"],
+            registry=self.registry,
+        )

@@ -1,0 +1,208 @@
+"""The placer over real gRPC against a real Redis: registry, picks, errors, expiry, Redis faults."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+import redis.asyncio as aioredis
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from hanzo.inference.v1 import common_pb2, placer_pb2, telemetry_pb2
+from services.placer.app import FRESHNESS_CHECK, PlacerApp
+from services.placer.config import PlacerSettings
+from tests.placer.cluster_helpers import eventually, gpu_sample, node_report, placer_stub
+from tests.support.redis_server import RedisServer
+
+BEAT_S = 0.2  # heartbeat interval in these tests; nodes expire 3 beats after their last one
+
+
+@contextlib.asynccontextmanager
+async def running_placer(redis_url: str, **overrides: object) -> AsyncIterator[PlacerApp]:
+    settings = PlacerSettings(
+        redis_url=redis_url,
+        heartbeat_interval_s=BEAT_S,
+        resync_interval_s=0.1,
+        planner_interval_s=0.3,
+        **overrides,  # type: ignore[arg-type]
+    )
+    app = PlacerApp(settings)
+    await app.start()
+    try:
+        yield app
+    finally:
+        await app.stop(grace_s=0.5)
+
+
+async def heartbeats(stub: object, reports: list[placer_pb2.NodeReport], stop: asyncio.Event) -> None:
+    """Beat every BEAT_S like workers do, tolerating a placer that is briefly unhappy."""
+    while not stop.is_set():
+        for report in reports:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await stub.Heartbeat(report)  # type: ignore[attr-defined]
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), BEAT_S)
+
+
+def pick_request(
+    model: str = "llama-tiny", cls: int = common_pb2.WORKLOAD_CLASS_REALTIME_CHAT
+) -> placer_pb2.PickRequest:
+    return placer_pb2.PickRequest(model=model, workload_class=cls)
+
+
+async def test_heartbeat_list_and_pick(redis_server: RedisServer) -> None:
+    async with running_placer(redis_server.url) as app:
+        channel, stub = placer_stub(app.address)
+        async with channel:
+            await stub.Heartbeat(node_report("a", running=60, kv_usage=0.9))
+            await stub.Heartbeat(node_report("b"))
+            listed = await stub.ListNodes(placer_pb2.ListNodesRequest())
+            assert sorted(n.node_id for n in listed.nodes) == ["a", "b"]
+            reply = await stub.Pick(pick_request())
+            assert reply.node_id == "b"  # the idle one
+            assert reply.considered == 2 and not reply.stale
+            assert reply.candidates[0].node_id == "b"
+            assert {"load", "thermal_headroom", "model_affinity"} <= set(reply.candidates[0].scores)
+
+
+@pytest.mark.parametrize(
+    ("call", "code", "words"),
+    [
+        ("heartbeat_no_id", grpc.StatusCode.INVALID_ARGUMENT, "node_id"),
+        ("heartbeat_no_address", grpc.StatusCode.INVALID_ARGUMENT, "address"),
+        ("pick_no_model", grpc.StatusCode.INVALID_ARGUMENT, "model"),
+        ("pick_bad_class", grpc.StatusCode.INVALID_ARGUMENT, "workload_class"),
+        ("pick_unknown_model", grpc.StatusCode.NOT_FOUND, "not served by any worker"),
+    ],
+)
+async def test_bad_requests_get_precise_statuses(
+    redis_server: RedisServer, call: str, code: grpc.StatusCode, words: str
+) -> None:
+    async with running_placer(redis_server.url) as app:
+        channel, stub = placer_stub(app.address)
+        async with channel:
+            await stub.Heartbeat(node_report("a"))
+            no_address = node_report("x")
+            no_address.address = ""
+            calls = {
+                "heartbeat_no_id": lambda: stub.Heartbeat(node_report("")),
+                "heartbeat_no_address": lambda: stub.Heartbeat(no_address),
+                "pick_no_model": lambda: stub.Pick(pick_request(model="")),
+                "pick_bad_class": lambda: stub.Pick(pick_request(cls=42)),
+                "pick_unknown_model": lambda: stub.Pick(pick_request(model="gpt-9")),
+            }
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await calls[call]()
+            assert err.value.code() == code
+            assert words in err.value.details()
+            # The node accepted before is still there.
+            assert [n.node_id for n in (await stub.ListNodes(placer_pb2.ListNodesRequest())).nodes] == ["a"]
+
+
+async def test_node_is_gone_within_its_ttl_after_heartbeats_stop(redis_server: RedisServer) -> None:
+    async with running_placer(redis_server.url) as app:
+        channel, stub = placer_stub(app.address)
+        async with channel:
+            await stub.Heartbeat(node_report("short-lived"))
+            await stub.Heartbeat(node_report("steady"))
+            stop = asyncio.Event()
+            beating = asyncio.create_task(heartbeats(stub, [node_report("steady")], stop))
+
+            async def gone() -> bool:
+                listed = await stub.ListNodes(placer_pb2.ListNodesRequest())
+                return [n.node_id for n in listed.nodes] == ["steady"]
+
+            took = await eventually(gone, timeout_s=5, what="short-lived node dropped")
+            assert took <= app.settings.node_ttl_s + 0.3
+            client = aioredis.Redis.from_url(redis_server.url)
+            assert await client.exists("hanzo:node:short-lived") == 0  # Redis expired it by itself
+            await client.aclose()
+            stop.set()
+            await beating
+
+
+async def test_redis_down_picks_continue_then_restart_rebuilds(redis_server: RedisServer) -> None:
+    async with running_placer(redis_server.url) as app:
+        channel, stub = placer_stub(app.address)
+        health = health_pb2_grpc.HealthStub(channel)
+        reports = [node_report(f"n{i}") for i in range(4)]
+        stop = asyncio.Event()
+        beating = asyncio.create_task(heartbeats(stub, reports, stop))
+        async with channel:
+            await eventually(lambda: _has_nodes(stub, 4), 5, "4 nodes registered")
+            redis_server.stop()
+
+            async def stale() -> bool:
+                reply = await health.Check(health_pb2.HealthCheckRequest(service=FRESHNESS_CHECK))
+                return reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+            await eventually(stale, 10, "placer reports a stale snapshot")
+            for _ in range(20):
+                reply = await stub.Pick(pick_request())
+                assert reply.stale and reply.node_id in {r.node_id for r in reports}
+            redis_server.start()  # empty: no persistence, like a crashed cache
+            client = aioredis.Redis.from_url(redis_server.url)
+
+            async def rebuilt() -> bool:
+                keys = await client.keys("hanzo:node:*")
+                return len(keys) == 4
+
+            took = await eventually(rebuilt, 10, "registry rebuilt after the restart")
+            assert took <= BEAT_S + 1.0
+            await eventually(lambda: _fresh(stub), 10, "snapshot fresh again")
+            await client.flushall()
+            took = await eventually(rebuilt, 10, "registry rebuilt after a flush")
+            assert took <= 2 * BEAT_S + 0.3
+            await client.aclose()
+        stop.set()
+        await beating
+
+
+async def test_telemetry_steers_realtime_away_from_a_throttled_gpu(redis_server: RedisServer) -> None:
+    async with running_placer(redis_server.url) as app:
+        channel, stub = placer_stub(app.address)
+        async with channel:
+            # "hot" is the least loaded, but its GPU reports a thermal slowdown.
+            await stub.Heartbeat(node_report("hot", running=0))
+            await stub.Heartbeat(node_report("cool", running=20, kv_usage=0.3))
+
+            async def samples() -> AsyncIterator[telemetry_pb2.TelemetryReport]:
+                yield telemetry_pb2.TelemetryReport(node_id="hot", samples=[gpu_sample(89.0, reasons=0x20)])
+                yield telemetry_pb2.TelemetryReport(node_id="cool", samples=[gpu_sample(55.0)])
+
+            ack = await stub.StreamTelemetry(samples())
+            assert ack.samples_accepted == 2
+            realtime = await stub.Pick(pick_request())
+            assert realtime.node_id == "cool"
+            batch = [await stub.Pick(pick_request(cls=common_pb2.WORKLOAD_CLASS_BATCH)) for _ in range(5)]
+            assert {b.node_id for b in batch} <= {"hot", "cool"}
+
+
+async def test_demand_makes_the_planner_ask_for_a_replica(redis_server: RedisServer) -> None:
+    async with running_placer(redis_server.url, replica_capacity_rps=5.0) as app:
+        channel, stub = placer_stub(app.address)
+        async with channel:
+            await stub.Heartbeat(node_report("has-it", models=("llama-tiny",)))
+            await stub.Heartbeat(node_report("empty", models=()))
+
+            async def asked_to_load() -> bool:
+                for _ in range(10):  # 10 picks per poll: well past 5 rps per replica
+                    await stub.Pick(pick_request())
+                reply = await stub.Heartbeat(node_report("empty", models=()))
+                await stub.Heartbeat(node_report("has-it", models=("llama-tiny",)))
+                return list(reply.load_models) == ["llama-tiny"]
+
+            await eventually(asked_to_load, 10, "planner asks the empty node to load the busy model")
+
+
+async def _has_nodes(stub: object, count: int) -> bool:
+    listed = await stub.ListNodes(placer_pb2.ListNodesRequest())  # type: ignore[attr-defined]
+    return len(listed.nodes) == count
+
+
+async def _fresh(stub: object) -> bool:
+    listed = await stub.ListNodes(placer_pb2.ListNodesRequest())  # type: ignore[attr-defined]
+    return not listed.stale

@@ -1,0 +1,53 @@
+"""Two placer processes against one Redis see one cluster: stateless replicas."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from hanzo.inference.v1 import common_pb2, placer_pb2
+from tests.placer.cluster_helpers import eventually, node_report, placer_stub
+from tests.support.processes import ServiceProcess
+from tests.support.redis_server import RedisServer
+
+
+@pytest.fixture
+def two_placers(redis_server: RedisServer) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
+    env = {"HANZO_PLACER_REDIS_URL": redis_server.url, "HANZO_PLACER_HEARTBEAT_INTERVAL_S": "5"}
+    first = ServiceProcess("services.placer", env, "PLACER_READY")
+    second = ServiceProcess("services.placer", env, "PLACER_READY")
+    yield first, second
+    assert first.stop() == 0
+    assert second.stop() == 0
+
+
+async def test_replicas_pick_from_the_same_node_set(
+    two_placers: tuple[ServiceProcess, ServiceProcess],
+) -> None:
+    first, second = two_placers
+    channel_a, a = placer_stub(first.ready["address"])
+    channel_b, b = placer_stub(second.ready["address"])
+    async with channel_a, channel_b:
+        # Every worker heartbeats to the first replica only.
+        nodes = [f"w{i}" for i in range(6)]
+        for i, node in enumerate(nodes):
+            await a.Heartbeat(node_report(node, running=i))
+
+        async def same_view() -> bool:
+            seen_b = await b.ListNodes(placer_pb2.ListNodesRequest())
+            return sorted(n.node_id for n in seen_b.nodes) == nodes
+
+        await eventually(same_view, 10, "the second replica sees every node")
+        picks = set()
+        for stub in (a, b):
+            for cls in (common_pb2.WORKLOAD_CLASS_REALTIME_CHAT, common_pb2.WORKLOAD_CLASS_BATCH):
+                reply = await stub.Pick(placer_pb2.PickRequest(model="llama-tiny", workload_class=cls))
+                assert reply.considered == len(nodes)
+                picks.add(reply.node_id)
+        assert picks <= set(nodes)
+        # Both replicas agree on the least-loaded node for a latency-sensitive request.
+        chat = placer_pb2.PickRequest(
+            model="llama-tiny", workload_class=common_pb2.WORKLOAD_CLASS_REALTIME_CHAT
+        )
+        assert (await a.Pick(chat)).node_id == (await b.Pick(chat)).node_id == "w0"
