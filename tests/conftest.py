@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from services.common.redis_server import RedisServer
 from services.worker.models.synthetic import make_decoder_checkpoint, minilm_path
-from tests.support.redis_server import RedisServer
 
 # Small enough that the whole suite stays fast on 2 CPU cores.
 TINY = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2}

@@ -12,10 +12,10 @@ import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hanzo.inference.v1 import common_pb2, placer_pb2, telemetry_pb2
+from services.common.redis_server import RedisServer
 from services.placer.app import FRESHNESS_CHECK, PlacerApp
 from services.placer.config import PlacerSettings
 from tests.placer.cluster_helpers import eventually, gpu_sample, node_report, placer_stub
-from tests.support.redis_server import RedisServer
 
 BEAT_S = 0.2  # heartbeat interval in these tests; nodes expire 3 beats after their last one
 

@@ -7,9 +7,9 @@ from collections.abc import Iterator
 import pytest
 
 from hanzo.inference.v1 import common_pb2, placer_pb2
+from services.common.redis_server import RedisServer
 from tests.placer.cluster_helpers import eventually, node_report, placer_stub
 from tests.support.processes import ServiceProcess
-from tests.support.redis_server import RedisServer
 
 
 @pytest.fixture

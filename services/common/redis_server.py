@@ -1,4 +1,4 @@
-"""A real redis-server on a free loopback port, started and stopped by the tests themselves."""
+"""A private redis-server on a free loopback port (tests, benchmarks and the local stack start their own)."""
 
 from __future__ import annotations
 
