@@ -13,12 +13,13 @@ from services.common.env import env_float, env_int, env_optional_int, env_str
 
 @dataclass(frozen=True)
 class PlacerSettings:
-    """host/port: gRPC listen address (port 0 picks a free one). metrics_port: Prometheus HTTP port,
-    None for none, 0 for a free one. Nodes expire node_ttl_factor heartbeat intervals after their last beat.
-    class_weights: per workload class name, scorer name -> weight; missing classes keep the defaults."""
+    """host/port: gRPC listen address; 50051 by default, where telemetry and workers look; 0 picks a free
+    port. metrics_port: Prometheus HTTP port, None for none, 0 for a free one. Nodes expire
+    node_ttl_factor heartbeat intervals after their last beat. class_weights: per workload class name,
+    scorer name -> weight; classes not given keep the defaults."""
 
     host: str = "127.0.0.1"
-    port: int = 0
+    port: int = 50051
     metrics_port: int | None = None
     redis_url: str = "redis://127.0.0.1:6379/0"
     key_prefix: str = "hanzo"

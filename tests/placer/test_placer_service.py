@@ -24,6 +24,7 @@ BEAT_S = 0.2  # heartbeat interval in these tests; nodes expire 3 beats after th
 async def running_placer(redis_url: str, **overrides: object) -> AsyncIterator[PlacerApp]:
     settings = PlacerSettings(
         redis_url=redis_url,
+        port=0,
         heartbeat_interval_s=BEAT_S,
         resync_interval_s=0.1,
         planner_interval_s=0.3,

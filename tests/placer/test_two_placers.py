@@ -14,7 +14,11 @@ from tests.support.processes import ServiceProcess
 
 @pytest.fixture
 def two_placers(redis_server: RedisServer) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
-    env = {"HANZO_PLACER_REDIS_URL": redis_server.url, "HANZO_PLACER_HEARTBEAT_INTERVAL_S": "5"}
+    env = {
+        "HANZO_PLACER_REDIS_URL": redis_server.url,
+        "HANZO_PLACER_PORT": "0",
+        "HANZO_PLACER_HEARTBEAT_INTERVAL_S": "5",
+    }
     first = ServiceProcess("services.placer", env, "PLACER_READY")
     second = ServiceProcess("services.placer", env, "PLACER_READY")
     yield first, second

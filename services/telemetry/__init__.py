@@ -1,0 +1,1 @@
+"""Per-node GPU telemetry agent: NVML samples (or a labelled thermal simulation) streamed to the placer."""

@@ -1,0 +1,73 @@
+"""`python -m services.telemetry`: the node's telemetry agent, configured by HANZO_TELEMETRY_* env vars."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import signal
+import sys
+
+from services.telemetry.config import SettingsError, TelemetrySettings
+from services.telemetry.load_probe import PlacerLoadProbe
+from services.telemetry.simulated_source import SimulatedSource
+from services.telemetry.sources import SourceUnavailableError, open_source
+from services.telemetry.streamer import TelemetryStreamer
+
+logger = logging.getLogger("services.telemetry")
+
+
+async def serve(settings: TelemetrySettings) -> None:
+    """Run the agent until SIGINT or SIGTERM, then close the stream, the probe and the source."""
+    probe = PlacerLoadProbe(settings.node_id, settings.placer_address, settings.probe)
+    # NVML initialisation blocks; keep it off the loop like every other NVML call.
+    try:
+        source = await asyncio.to_thread(open_source, settings, probe.utilization)
+    except BaseException:
+        await probe.close()
+        raise
+    streamer = TelemetryStreamer(source, settings.node_id, settings.placer_address, settings.stream)
+
+    def stop() -> None:
+        logger.info("stopping telemetry agent")
+        streamer.stop()
+        probe.stop()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    tasks = [asyncio.create_task(streamer.run(), name="telemetry-streamer")]
+    kind = "simulated" if isinstance(source, SimulatedSource) else "nvml"
+    # One machine-readable line for launchers and tests.
+    print(f"TELEMETRY_READY node_id={settings.node_id} source={kind}", flush=True)
+    if isinstance(source, SimulatedSource):
+        tasks.append(asyncio.create_task(probe.run(), name="telemetry-load-probe"))
+    else:
+        await probe.close()  # real NVML utilisation needs no load input
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        await asyncio.to_thread(source.close)
+    logger.info(
+        "telemetry agent stopped after %d samples, %d reconnects", streamer.samples_sent, streamer.reconnects
+    )
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = TelemetrySettings.from_env()
+    except SettingsError as err:
+        logger.error("bad telemetry settings: %s", err)
+        return 2
+    logger.info("telemetry settings: %s", dataclasses.asdict(settings))
+    try:
+        asyncio.run(serve(settings))
+    except SourceUnavailableError as err:
+        logger.error("%s", err)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""End to end on loopback: a telemetry agent process streams simulated GPU samples to a placer process,
+which then has the node's thermal state for its picks and its metrics."""
+
+from __future__ import annotations
+
+import urllib.request
+
+from hanzo.inference.v1 import common_pb2, placer_pb2
+from services.common.redis_server import RedisServer
+from tests.placer.cluster_helpers import eventually, node_report, placer_stub
+from tests.support.processes import ServiceProcess
+
+
+async def test_simulated_samples_reach_the_placer(redis_server: RedisServer) -> None:
+    placer = ServiceProcess(
+        "services.placer",
+        {
+            "HANZO_PLACER_REDIS_URL": redis_server.url,
+            "HANZO_PLACER_PORT": "0",
+            "HANZO_PLACER_METRICS_PORT": "0",
+        },
+        "PLACER_READY",
+    )
+    telemetry = None
+    try:
+        channel, stub = placer_stub(placer.ready["address"])
+        async with channel:
+            await stub.Heartbeat(node_report("gpu-node-1", running=64))
+            telemetry = ServiceProcess(
+                "services.telemetry",
+                {
+                    "HANZO_TELEMETRY_NODE_ID": "gpu-node-1",
+                    "HANZO_TELEMETRY_PLACER_ADDRESS": placer.ready["address"],
+                    "HANZO_TELEMETRY_INTERVAL_S": "0.05",
+                    "HANZO_TELEMETRY_SOURCE": "auto",  # no NVML here: falls back to the labelled simulation
+                },
+                "TELEMETRY_READY",
+            )
+            assert telemetry.ready["source"] == "simulated"
+            metrics_url = f"http://127.0.0.1:{placer.ready['metrics_port']}/metrics"
+
+            async def sampled() -> bool:
+                await stub.Heartbeat(node_report("gpu-node-1", running=64))
+                text = urllib.request.urlopen(metrics_url, timeout=2).read().decode()
+                return 'hanzo_gpu_temperature_celsius{node_id="gpu-node-1"}' in text
+
+            await eventually(sampled, 20, "the placer exports the node's simulated GPU temperature")
+            reply = await stub.Pick(
+                placer_pb2.PickRequest(
+                    model="llama-tiny", workload_class=common_pb2.WORKLOAD_CLASS_REALTIME_CHAT
+                )
+            )
+            assert reply.node_id == "gpu-node-1"
+            assert "thermal_headroom" in reply.candidates[0].scores
+        assert any("SIMULATED" in line for line in telemetry.output)
+    finally:
+        if telemetry is not None:
+            assert telemetry.stop() == 0
+        assert placer.stop() == 0
