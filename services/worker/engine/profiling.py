@@ -41,13 +41,12 @@ def measure_decode_step(
             if len(batch.seqs) == batch_size and batch.total_tokens == batch_size:
                 break
         step_times, forward_times = [], []
+        # Alternate the two measurements so drift in machine load hits both alike.
         for _ in range(steps):
             start = time.perf_counter()
             engine.step()
             _sync(engine.device)
             step_times.append(time.perf_counter() - start)
-        for _ in range(steps):
-            # Build the same kind of batch, then time only the model on it.
             batch = engine.scheduler.schedule()
             assert batch is not None
             inputs = engine.runner.prepare(batch)
