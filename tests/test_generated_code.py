@@ -1,4 +1,4 @@
-"""The generated gRPC code matches protos/: regenerating changes nothing (the build made it, nobody edited it)."""
+"""Generated gRPC code matches protos/: regenerating changes nothing (the build made it, nobody edited it)."""
 
 from __future__ import annotations
 

@@ -103,6 +103,11 @@ class ClusterSnapshot:
             return UNKNOWN_CODE
         return self._codes.setdefault(label, len(self._codes))
 
+    def known_code(self, label: str) -> int:
+        """Code of a label some node carries; UNKNOWN_CODE otherwise. Never stores: callers' labels
+        (one per request) must not grow the table."""
+        return self._codes.get(label, UNKNOWN_CODE) if label else UNKNOWN_CODE
+
     def column(self, name: str) -> np.ndarray:
         """The first num_rows entries of a column (a view, not a copy)."""
         return getattr(self, name)[: self.num_rows]

@@ -1,0 +1,129 @@
+"""Pick scorers: each `(snapshot, query, context) -> float[num_rows]`, a value in [0, 1] per node, 1 best.
+
+Scorers are pure: they read the snapshot's columns, the query and the framework-resolved context, and
+change nothing. The framework clamps their output to [0, 1] (NaN becomes 0), weights it per workload class
+and sums; a scorer documents its formula and need not repeat the clamp.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import numpy as np
+
+from services.placer.cluster.snapshot import UNKNOWN_CODE, ClusterSnapshot
+from services.placer.pick import nvml_bits
+from services.placer.pick.query import PickContext, PickQuery
+
+Scorer = Callable[[ClusterSnapshot, PickQuery, PickContext], np.ndarray]
+
+
+@dataclass(frozen=True)
+class ScorerConfig:
+    thermal_span_c: float = 30.0  # headroom this many degrees below slowdown or more counts as fully cool
+    thermal_horizon_s: float = 10.0  # a rising temperature is projected this far ahead
+    default_slowdown_c: float = nvml_bits.DEFAULT_SLOWDOWN_TEMPERATURE_C  # where NVML reports none
+    no_sample_thermal_score: float = 0.5  # neutral: neither preferred nor avoided
+
+
+def model_affinity(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
+    """1.0 where the model is resident, 0.5 where a host copy is kept, 0.0 where it would load cold."""
+    model = snapshot.model_columns(query.model)
+    if model is None:
+        return np.zeros(snapshot.num_rows)
+    # 0, 1 or 2 halves: "resident or host copy" counts one, resident one more. uint8 sums are cheap.
+    halves = model.resident.view(np.uint8) + (model.resident | model.host_copy).view(np.uint8)
+    return halves * 0.5
+
+
+def load(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
+    """1 - clamp(0.5 * (running + waiting) / max(max_running, 1) + 0.5 * kv_usage, 0, 1).
+
+    Normalised against each node's own capacity, not min-max across candidates, so one decision's value
+    means the same in the next; a queue longer than capacity drives it to 0.
+    """
+    busy = snapshot.column("running") + snapshot.column("waiting")  # in place from here: one temporary
+    busy /= np.maximum(snapshot.column("max_running"), 1.0)
+    busy += snapshot.column("kv_usage")
+    busy *= 0.5
+    np.clip(busy, 0.0, 1.0, out=busy)
+    return np.subtract(1.0, busy, out=busy)
+
+
+def thermal_headroom(
+    snapshot: ClusterSnapshot,
+    query: PickQuery,
+    context: PickContext,
+    *,
+    config: ScorerConfig = ScorerConfig(),  # frozen, so one shared default is safe
+) -> np.ndarray:
+    """clamp((slowdown - temp) / span - max(trend, 0) * horizon / span, 0, 1), then
+    x 0.25 where a power slowdown bit is set, and 0 where a thermal slowdown bit is set.
+
+    slowdown is the reported NVML slowdown threshold (config.default_slowdown_c where unknown), span is
+    config.thermal_span_c, horizon config.thermal_horizon_s, trend temperature_trend_c_per_s (only a rising
+    temperature counts). Nodes without a thermal sample get config.no_sample_thermal_score (neutral 0.5).
+    """
+    temp = snapshot.column("temperature_c")
+    slowdown = nvml_bits.slowdown_threshold_c(
+        snapshot.column("slowdown_temperature_c"), config.default_slowdown_c
+    )
+    rising = np.maximum(snapshot.column("temperature_trend_c_per_s"), 0.0)
+    # In place, one temporary: degrees C of headroom left after `horizon` seconds at the current trend.
+    score = slowdown - temp
+    score -= rising * config.thermal_horizon_s
+    score /= config.thermal_span_c
+    np.clip(score, 0.0, 1.0, out=score)
+    # putmask rather than score[mask] = ...: the same result, a few times faster on scattered masks.
+    reasons = snapshot.column("clock_event_reasons")
+    np.putmask(score, nvml_bits.any_bits(reasons, nvml_bits.POWER_SLOWDOWN), score * 0.25)
+    np.putmask(score, nvml_bits.any_bits(reasons, nvml_bits.THERMAL_SLOWDOWN), 0.0)
+    np.putmask(score, ~snapshot.column("has_thermal"), config.no_sample_thermal_score)
+    return score
+
+
+def topology(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
+    """max of: 1.0 on the caller's host, 0.7 in its rack, 0.4 in its zone; 0.0 elsewhere.
+
+    A caller label that is unknown ("") matches nothing, so with no caller labels every node scores 0 (no
+    preference). Labels compare as interned codes.
+    """
+    score = np.zeros(snapshot.num_rows)
+    for label, column, value in (
+        (query.caller_zone, "zone", 0.4),
+        (query.caller_rack, "rack", 0.7),
+        (query.caller_host, "host", 1.0),
+    ):
+        code = snapshot.known_code(label)
+        if code != UNKNOWN_CODE:
+            # Later levels are closer, so they overwrite: the result is the max of the matches.
+            np.putmask(score, snapshot.column(column) == code, value)
+    return score
+
+
+def prefix_affinity(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
+    """1.0 on context.prefix_row (the node that last served query.prefix_hash, resolved by the framework),
+    0.0 everywhere else and everywhere when it is None: that node likely still holds the prefix's KV blocks.
+    """
+    score = np.zeros(snapshot.num_rows)
+    if context.prefix_row is not None and 0 <= context.prefix_row < snapshot.num_rows:
+        score[context.prefix_row] = 1.0
+    return score
+
+
+def build_scorers(config: ScorerConfig | None = None) -> dict[str, Scorer]:
+    """The standard scorers by name, with config's constants bound in."""
+    config = config or ScorerConfig()
+    return {
+        "model_affinity": model_affinity,
+        "load": load,
+        "thermal_headroom": functools.partial(thermal_headroom, config=config),
+        "topology": topology,
+        "prefix_affinity": prefix_affinity,
+    }
+
+
+DEFAULT_SCORERS: Mapping[str, Scorer] = MappingProxyType(build_scorers())  # read-only

@@ -1,0 +1,104 @@
+"""Scorer weights per workload class, with documented defaults and validated overrides from config.
+
+A node's total is sum(weight * score) over the class's scorers, so it lies in [0, sum of weights]; weights
+need not add up to 1, only their ratios matter. A weight of 0 turns a scorer off for that class.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from services.common.workload import WorkloadClass
+from services.placer.pick.scorers import DEFAULT_SCORERS
+
+# Latency classes weigh heat and load most: a throttling or busy GPU stretches time to first token.
+_LATENCY = {
+    "thermal_headroom": 0.3,
+    "load": 0.3,
+    "model_affinity": 0.2,
+    "prefix_affinity": 0.1,
+    "topology": 0.1,
+}
+
+DEFAULT_WEIGHTS: Mapping[WorkloadClass, Mapping[str, float]] = MappingProxyType(
+    {
+        WorkloadClass.REALTIME_CHAT: MappingProxyType(dict(_LATENCY)),
+        WorkloadClass.AGENT_TOOL: MappingProxyType(dict(_LATENCY)),
+        # Unclassified requests are treated like agent steps: latency matters, but we do not know how much.
+        WorkloadClass.UNSPECIFIED: MappingProxyType(dict(_LATENCY)),
+        # Small encoder requests: spread by load; no long prompt prefix to reuse.
+        WorkloadClass.EMBEDDING: MappingProxyType(
+            {"load": 0.4, "model_affinity": 0.3, "thermal_headroom": 0.2, "topology": 0.1}
+        ),
+        # Batch has no latency SLO: it may fill warm GPUs, even hot ones, and reuse cached prefixes.
+        WorkloadClass.BATCH: MappingProxyType(
+            {
+                "model_affinity": 0.35,
+                "prefix_affinity": 0.25,
+                "load": 0.25,
+                "thermal_headroom": 0.05,
+                "topology": 0.1,
+            }
+        ),
+    }
+)
+
+
+@dataclass(frozen=True)
+class ClassWeights:
+    """Scorer name -> weight, per workload class. Build with defaults() or from_config()."""
+
+    by_class: Mapping[WorkloadClass, Mapping[str, float]]
+
+    @classmethod
+    def defaults(cls) -> ClassWeights:
+        """The documented DEFAULT_WEIGHTS."""
+        return cls(DEFAULT_WEIGHTS)
+
+    @classmethod
+    def from_config(
+        cls,
+        overrides: Mapping[str, Mapping[str, float]] | None,
+        scorer_names: Iterable[str] = DEFAULT_SCORERS.keys(),
+    ) -> ClassWeights:
+        """Defaults with overrides applied per scorer, e.g. {"BATCH": {"thermal_headroom": 0.0}}.
+
+        Keys are WorkloadClass names (any case). Raises ValueError naming the culprit for an unknown
+        class, an unknown scorer name, or a weight that is negative or not a finite number.
+        """
+        known = frozenset(scorer_names)
+        merged = {wc: dict(weights) for wc, weights in DEFAULT_WEIGHTS.items()}
+        for class_name, weights in (overrides or {}).items():
+            workload_class = _workload_class(class_name)
+            for name, weight in weights.items():
+                merged[workload_class][name] = _checked_weight(workload_class, name, weight, known)
+        return cls(MappingProxyType({wc: MappingProxyType(w) for wc, w in merged.items()}))
+
+    def for_class(self, workload_class: WorkloadClass) -> Mapping[str, float]:
+        """The weights of one class; an empty mapping for a class with none configured."""
+        return self.by_class.get(workload_class, MappingProxyType({}))
+
+
+def _workload_class(name: str) -> WorkloadClass:
+    try:
+        return WorkloadClass[name.upper()]
+    except KeyError:
+        choices = ", ".join(wc.name for wc in WorkloadClass)
+        raise ValueError(f"unknown workload class {name!r} in weights (one of {choices})") from None
+
+
+def _checked_weight(workload_class: WorkloadClass, name: str, weight: object, known: frozenset[str]) -> float:
+    """weight as a float; ValueError naming the scorer if it is unknown, not a finite number, or negative."""
+    where = f"weight of {name!r} for {workload_class.name}"
+    if name not in known:
+        raise ValueError(
+            f"unknown scorer {name!r} in weights for {workload_class.name} (known: {sorted(known)})"
+        )
+    if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
+        raise ValueError(f"{where} is not a finite number: {weight!r}")
+    if weight < 0:
+        raise ValueError(f"{where} is negative: {weight}")
+    return float(weight)

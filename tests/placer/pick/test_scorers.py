@@ -1,0 +1,145 @@
+"""Each pick scorer against a table of one-node cases: the value it gives that node."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import pytest
+
+from services.placer.pick import nvml_bits, scorers
+from services.placer.pick.query import NO_CONTEXT, PickContext
+from tests.placer.pick.helpers import by_id, query, snapshot_of
+
+# (case, node spec, query fields, value)
+AFFINITY = [
+    ("resident", {"models": {"llama-8b": "resident"}}, {}, 1.0),
+    ("host copy", {"models": {"llama-8b": "host"}}, {}, 0.5),
+    ("cold", {"models": {"llama-8b": "cold"}}, {}, 0.0),
+    ("another model resident", {"models": {"llama-8b": "cold", "qwen-7b": "resident"}}, {}, 0.0),
+    ("unknown model", {}, {"model": "nobody-has-it"}, 0.0),
+]
+
+LOAD = [  # max_running 64 unless given
+    ("idle", {}, {}, 1.0),
+    ("half the slots running", {"running": 32}, {}, 0.75),
+    ("running, waiting and kv", {"running": 32, "waiting": 32, "kv": 0.5}, {}, 0.25),
+    ("kv full, nothing queued", {"kv": 1.0}, {}, 0.5),
+    ("queue far past capacity", {"running": 64, "waiting": 192}, {}, 0.0),
+    ("capacity 0 counts as 1", {"max_running": 0, "running": 1}, {}, 0.5),
+]
+
+POWER_CAP = nvml_bits.SW_POWER_CAP
+THERMAL = [  # slowdown 90 C unless given; span 30 C, horizon 10 s
+    ("no thermal sample: neutral", {}, {}, 0.5),
+    ("cool: full headroom", {"temp": 50}, {}, 1.0),
+    ("halfway", {"temp": 75}, {}, 0.5),
+    ("at slowdown", {"temp": 90}, {}, 0.0),
+    ("past slowdown", {"temp": 93, "shutdown": 100}, {}, 0.0),
+    ("slowdown unknown: 87 C assumed", {"temp": 72, "slowdown": 0}, {}, 0.5),
+    ("rising 0.6 C/s", {"temp": 75, "trend": 0.6}, {}, 0.3),
+    ("falling counts as steady", {"temp": 75, "trend": -1.0}, {}, 0.5),
+    ("power capped", {"temp": 75, "reasons": POWER_CAP}, {}, 0.125),
+    ("power brake", {"temp": 40, "reasons": nvml_bits.HW_POWER_BRAKE_SLOWDOWN}, {}, 0.25),
+    ("sw thermal slowdown", {"temp": 60, "reasons": nvml_bits.SW_THERMAL_SLOWDOWN}, {}, 0.0),
+    ("hw slowdown", {"temp": 60, "reasons": nvml_bits.HW_SLOWDOWN}, {}, 0.0),
+    ("thermal and power", {"temp": 60, "reasons": POWER_CAP | nvml_bits.HW_THERMAL_SLOWDOWN}, {}, 0.0),
+    ("idle bit is harmless", {"temp": 60, "reasons": nvml_bits.GPU_IDLE}, {}, 1.0),
+]
+
+PLACED = {"zone": "z1", "rack": "r1", "host": "h1"}
+TOPOLOGY = [
+    ("caller unknown", PLACED, {}, 0.0),
+    ("same host", PLACED, {"caller_zone": "z1", "caller_rack": "r1", "caller_host": "h1"}, 1.0),
+    ("same rack", PLACED, {"caller_zone": "z1", "caller_rack": "r1", "caller_host": "h2"}, 0.7),
+    ("same zone", PLACED, {"caller_zone": "z1", "caller_rack": "r2", "caller_host": "h2"}, 0.4),
+    ("other zone", PLACED, {"caller_zone": "z2", "caller_rack": "r2", "caller_host": "h2"}, 0.0),
+    ("only the host label known", PLACED, {"caller_host": "h1"}, 1.0),
+    ("node unlabelled, caller labelled", {}, {"caller_zone": "z1", "caller_host": "h1"}, 0.0),
+    ("both unlabelled: unknown never matches", {}, {}, 0.0),
+]
+
+PREFIX = [  # the node sits in row 0
+    ("no prefix remembered", {}, NO_CONTEXT, 0.0),
+    ("this node served it", {}, PickContext(prefix_row=0), 1.0),
+    ("another node served it", {}, PickContext(prefix_row=1), 0.0),
+]
+
+
+def _value(
+    scorer: scorers.Scorer, spec: dict[str, Any], fields: dict[str, Any], context: PickContext
+) -> float:
+    snapshot = snapshot_of({"id": "n", **spec})
+    values = scorer(snapshot, query(**fields), context)
+    assert values.shape == (snapshot.num_rows,)
+    return by_id(snapshot, values)["n"]
+
+
+def _params(name: str, cases: list[tuple[str, dict[str, Any], dict[str, Any], float]]) -> list[Any]:
+    scorer = scorers.DEFAULT_SCORERS[name]
+    return [pytest.param(scorer, s, f, NO_CONTEXT, v, id=f"{name}: {c}") for c, s, f, v in cases]
+
+
+@pytest.mark.parametrize(
+    ("scorer", "spec", "fields", "context", "expected"),
+    _params("model_affinity", AFFINITY)
+    + _params("load", LOAD)
+    + _params("thermal_headroom", THERMAL)
+    + _params("topology", TOPOLOGY)
+    + [
+        pytest.param(scorers.prefix_affinity, s, {}, ctx, v, id=f"prefix_affinity: {c}")
+        for c, s, ctx, v in PREFIX
+    ],
+)
+def test_scorer_cases(
+    scorer: scorers.Scorer,
+    spec: dict[str, Any],
+    fields: dict[str, Any],
+    context: PickContext,
+    expected: float,
+) -> None:
+    assert _value(scorer, spec, fields, context) == pytest.approx(expected)
+
+
+def test_scorers_stay_in_unit_range_and_change_nothing() -> None:
+    rng = np.random.default_rng(7)
+    nodes = [
+        {
+            "id": f"n{i}",
+            "models": {"llama-8b": ["resident", "host", "cold"][i % 3]},
+            "running": int(rng.integers(0, 200)),
+            "waiting": int(rng.integers(0, 200)),
+            "kv": float(rng.random()),
+            "temp": float(rng.uniform(20, 110)),
+            "slowdown": float(rng.choice([0.0, 88.0])),
+            "trend": float(rng.normal(0, 2)),
+            "reasons": int(rng.integers(0, 0x200)),
+            "zone": f"z{i % 2}",
+        }
+        for i in range(50)
+    ]
+    snapshot = snapshot_of(*nodes)
+    before = {name: snapshot.column(name).copy() for name in ("temperature_c", "running", "kv_usage")}
+    q = query(caller_zone="z1", caller_host="n3")
+    for name, scorer in scorers.DEFAULT_SCORERS.items():
+        values = scorer(snapshot, q, PickContext(prefix_row=4))
+        assert values.shape == (snapshot.num_rows,), name
+        assert np.all((values >= 0.0) & (values <= 1.0)), name
+    for name, column in before.items():
+        np.testing.assert_array_equal(snapshot.column(name), column)
+
+
+def test_every_scorer_documents_its_formula() -> None:
+    for name, scorer in scorers.DEFAULT_SCORERS.items():
+        function = scorer.func if isinstance(scorer, functools.partial) else scorer
+        assert function.__doc__ and len(function.__doc__) > 40, name
+
+
+def test_thermal_constants_come_from_config() -> None:
+    config = scorers.ScorerConfig(thermal_span_c=10.0, default_slowdown_c=80.0, no_sample_thermal_score=0.2)
+    thermal = scorers.build_scorers(config)["thermal_headroom"]
+    snapshot = snapshot_of({"id": "hot", "temp": 75, "slowdown": 0}, {"id": "unknown"})
+    assert by_id(snapshot, thermal(snapshot, query(), NO_CONTEXT)) == pytest.approx(
+        {"hot": 0.5, "unknown": 0.2}
+    )
