@@ -39,6 +39,12 @@ _CODE_COLUMNS = ("zone", "rack", "host")  # interned label codes; UNKNOWN_CODE w
 UNKNOWN_CODE = -1
 
 
+def topology_keys(zone: str, rack: str, host: str) -> tuple[str, str, str]:
+    """Labels as compared: a rack is qualified by its zone (rack "r1" in two zones is two racks); host
+    names are taken as unique across the cluster, as hostnames are. "" stays unknown."""
+    return zone, f"{zone}/{rack}" if rack else "", host
+
+
 @dataclass
 class ModelColumns:
     """Per-model residency: resident[i] / host_copy[i] for row i, and the model's weight size."""
@@ -135,9 +141,10 @@ class ClusterSnapshot:
         self.kv_usage[row] = record.kv_usage
         self.memory_total_bytes[row] = record.memory_total_bytes
         self.memory_free_bytes[row] = record.memory_free_bytes
-        self.zone[row] = self.code(record.zone)
-        self.rack[row] = self.code(record.rack)
-        self.host[row] = self.code(record.host)
+        zone, rack, host = topology_keys(record.zone, record.rack, record.host)
+        self.zone[row] = self.code(zone)
+        self.rack[row] = self.code(rack)
+        self.host[row] = self.code(host)
         reported = set()
         for model in record.models:
             columns = self._model(model.name, model.weight_bytes)

@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from services.placer.cluster.snapshot import UNKNOWN_CODE, ClusterSnapshot
+from services.placer.cluster.snapshot import UNKNOWN_CODE, ClusterSnapshot, topology_keys
 from services.placer.pick import nvml_bits
 from services.placer.pick.query import PickContext, PickQuery
 
@@ -89,14 +89,11 @@ def topology(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) 
     """max of: 1.0 on the caller's host, 0.7 in its rack, 0.4 in its zone; 0.0 elsewhere.
 
     A caller label that is unknown ("") matches nothing, so with no caller labels every node scores 0 (no
-    preference). Labels compare as interned codes.
+    preference). Labels compare as interned codes, racks qualified by their zone (topology_keys).
     """
     score = np.zeros(snapshot.num_rows)
-    for label, column, value in (
-        (query.caller_zone, "zone", 0.4),
-        (query.caller_rack, "rack", 0.7),
-        (query.caller_host, "host", 1.0),
-    ):
+    zone, rack, host = topology_keys(query.caller_zone, query.caller_rack, query.caller_host)
+    for label, column, value in ((zone, "zone", 0.4), (rack, "rack", 0.7), (host, "host", 1.0)):
         code = snapshot.known_code(label)
         if code != UNKNOWN_CODE:
             # Later levels are closer, so they overwrite: the result is the max of the matches.
