@@ -8,10 +8,12 @@ import logging
 import time
 import uuid
 
+from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import start_http_server
 
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
+from services.common.tracing import make_tracer_provider
 from services.placer.cluster.schema import Keys
 from services.placer.cluster.store import ClusterStore
 from services.placer.cluster.view import ClusterView, SyncSettings
@@ -33,8 +35,9 @@ FRESHNESS_CHECK = "hanzo.placer.ClusterState"
 class PlacerApp:
     """Start with `await app.start()`, stop with `await app.stop()`; `address` is the bound host:port."""
 
-    def __init__(self, settings: PlacerSettings) -> None:
+    def __init__(self, settings: PlacerSettings, tracer_provider: TracerProvider | None = None) -> None:
         self.settings = settings
+        self.tracer_provider = tracer_provider or make_tracer_provider("hanzo-placer")
         self.instance_id = uuid.uuid4().hex[:12]
         self.metrics = PlacerMetrics()
         self.store = ClusterStore(settings.redis_url, Keys(settings.key_prefix))
@@ -44,7 +47,7 @@ class PlacerApp:
         self.servicer = PlacerServicer(
             settings, self.store, self.view, self.picker, self.demand, self.metrics
         )
-        self.server = new_server()
+        self.server = new_server(self.tracer_provider)
         placer_pb2_grpc.add_PlacerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.address = bind(self.server, settings.host, settings.port)
@@ -75,6 +78,7 @@ class PlacerApp:
         await self.server.stop(grace_s)
         await self.view.stop()
         await self.store.close()
+        self.tracer_provider.shutdown()
 
     async def _freshness_loop(self) -> None:
         """Mirror the view's stale flag into health and metrics."""
@@ -99,6 +103,7 @@ class PlacerApp:
                 if await self.store.hold_planner_lease(self.instance_id, ttl_s=3 * interval):
                     rates = await demand_rates(self.store, now, window_s=interval)
                     plan = plan_replicas(self.view.snapshot, rates, self.settings.replica_capacity_rps, now)
+                    # Only nodes asked to change get a key; the rest have no directive (no write at all).
                     await self.store.write_placements(
-                        {node: sorted(models) for node, models in plan.items()}, ttl_s=3 * interval
+                        {node: sorted(plan.desired[node]) for node in plan.changed}, ttl_s=3 * interval
                     )

@@ -25,7 +25,8 @@ class PlacerSettings:
     key_prefix: str = "hanzo"
     heartbeat_interval_s: float = 1.0
     node_ttl_factor: float = 3.0
-    resync_interval_s: float = 1.0
+    # Events keep the view fresh; the resync only repairs what pub/sub lost (and costs ~O(nodes)).
+    resync_interval_s: float = 5.0
     planner_interval_s: float = 5.0
     replica_capacity_rps: float = 20.0
     class_weights: dict[str, dict[str, float]] = field(default_factory=dict)

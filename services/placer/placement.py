@@ -7,6 +7,7 @@ Redis and publishes the result, and heartbeat replies turn it into load / evict 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,9 +21,18 @@ def desired_replicas(rate_rps: float, capacity_rps: float, eligible: int) -> int
     return max(1, min(eligible, math.ceil(rate_rps / capacity_rps)))
 
 
+@dataclass
+class PlacementPlan:
+    """desired: models each healthy node should hold; changed: the nodes where that differs from what
+    they hold now (the only ones a worker needs to hear about)."""
+
+    desired: dict[str, set[str]]
+    changed: set[str]
+
+
 def plan_replicas(
     snapshot: ClusterSnapshot, rates_rps: dict[str, float], capacity_rps: float, now_s: float
-) -> dict[str, set[str]]:
+) -> PlacementPlan:
     """Models each healthy node should hold: its resident models, plus replicas where demand outgrows them.
 
     Growing a model picks, in order: nodes with a host copy (fast load), then the most free GPU memory,
@@ -32,6 +42,7 @@ def plan_replicas(
     healthy = snapshot.column("live") & (snapshot.column("deadline_s") > now_s) & ~snapshot.column("draining")
     rows = np.flatnonzero(healthy)
     plan: dict[str, set[str]] = {}
+    changed: set[str] = set()
     for row in rows:
         node_id = snapshot.node_ids[row]
         assert node_id is not None
@@ -48,12 +59,18 @@ def plan_replicas(
         if len(resident) < want:
             order = np.lexsort((load[fits], -free[fits], ~columns.host_copy[fits]))
             for row in fits[order][: want - len(resident)]:
-                plan[snapshot.node_ids[row]].add(model)  # type: ignore[index]
+                node_id = snapshot.node_ids[row]
+                assert node_id is not None
+                plan[node_id].add(model)
+                changed.add(node_id)
                 free[row] -= columns.weight_bytes
         elif len(resident) > 2 * max(want, 1):
             for row in resident[np.argsort(-load[resident])][: len(resident) - max(want, 1)]:
-                plan[snapshot.node_ids[row]].discard(model)  # type: ignore[index]
-    return plan
+                node_id = snapshot.node_ids[row]
+                assert node_id is not None
+                plan[node_id].discard(model)
+                changed.add(node_id)
+    return PlacementPlan(plan, changed)
 
 
 def directives(desired: set[str] | None, resident: set[str]) -> tuple[list[str], list[str]]:

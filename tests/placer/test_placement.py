@@ -45,18 +45,21 @@ def test_growth_prefers_host_copy_then_free_memory_then_load() -> None:
         node("busy-roomy", {}, free_gib=60, running=50),
     )
     plan = plan_replicas(snapshot, {"m": 35.0}, capacity_rps=10.0, now_s=NOW)  # wants 4 replicas
-    holders = {n for n, models in plan.items() if "m" in models}
+    holders = {n for n, models in plan.desired.items() if "m" in models}
     assert holders == {"resident", "host-copy", "roomy", "busy-roomy"}
-    assert "m" not in plan["full"]  # 10 GiB of weights do not fit in 5 GiB
+    assert "m" not in plan.desired["full"]  # 10 GiB of weights do not fit in 5 GiB
+    assert plan.changed == {"host-copy", "roomy", "busy-roomy"}
 
 
 def test_no_demand_changes_nothing_and_overprovision_shrinks_with_hysteresis() -> None:
     many = [node(f"n{i}", {"m": "resident"}, running=i) for i in range(5)]
-    assert plan_replicas(snapshot_of(*many), {}, 10.0, NOW) == {f"n{i}": {"m"} for i in range(5)}
+    unchanged = plan_replicas(snapshot_of(*many), {}, 10.0, NOW)
+    assert unchanged.desired == {f"n{i}": {"m"} for i in range(5)} and not unchanged.changed
     plan = plan_replicas(snapshot_of(*many), {"m": 5.0}, 10.0, NOW)  # needs 1, has 5 > 2 x 1
-    assert [n for n, models in sorted(plan.items()) if "m" in models] == ["n0"]  # the least loaded stays
+    assert [n for n, models in sorted(plan.desired.items()) if "m" in models] == ["n0"]  # least loaded stays
+    assert plan.changed == {"n1", "n2", "n3", "n4"}
     plan = plan_replicas(snapshot_of(*many[:2]), {"m": 5.0}, 10.0, NOW)  # 2 <= 2 x 1: leave them
-    assert all("m" in models for models in plan.values())
+    assert all("m" in models for models in plan.desired.values()) and not plan.changed
 
 
 def test_expired_and_unknown_are_skipped() -> None:
@@ -65,7 +68,7 @@ def test_expired_and_unknown_are_skipped() -> None:
     plan = plan_replicas(
         snapshot_of(stale, node("ok", {"m": "resident"})), {"m": 50.0, "unknown": 9.0}, 10.0, NOW
     )
-    assert plan == {"ok": {"m"}}
+    assert plan.desired == {"ok": {"m"}} and not plan.changed
 
 
 @pytest.mark.parametrize(

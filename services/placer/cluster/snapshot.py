@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from services.placer.cluster.records import NodeRecord
+from services.placer.cluster.records import NodeRecord, ThermalSample
 
 _FLOAT_COLUMNS = (
     "deadline_s",
@@ -155,7 +155,7 @@ class ClusterSnapshot:
             if name not in reported:
                 columns.resident[row] = False
                 columns.host_copy[row] = False
-        self._write_thermal(row, record)
+        self._write_thermal(row, record.thermal, record.temperature_trend_c_per_s)
         return row
 
     def remove(self, node_id: str) -> None:
@@ -171,8 +171,16 @@ class ClusterSnapshot:
             columns.host_copy[row] = False
         self._free_rows.append(row)
 
-    def _write_thermal(self, row: int, record: NodeRecord) -> None:
-        sample = record.thermal
+    def update_thermal(self, node_id: str, sample: ThermalSample, trend_c_per_s: float) -> bool:
+        """Write only the thermal columns of a known node (telemetry arrives far more often than
+        heartbeats); False if the node is unknown."""
+        row = self.row_of.get(node_id)
+        if row is None:
+            return False
+        self._write_thermal(row, sample, trend_c_per_s)
+        return True
+
+    def _write_thermal(self, row: int, sample: ThermalSample | None, trend_c_per_s: float) -> None:
         self.has_thermal[row] = sample is not None
         if sample is None:
             return
@@ -181,7 +189,7 @@ class ClusterSnapshot:
         self.temperature_c[row] = sample.temperature_c
         self.slowdown_temperature_c[row] = sample.slowdown_temperature_c
         self.shutdown_temperature_c[row] = sample.shutdown_temperature_c
-        self.temperature_trend_c_per_s[row] = record.temperature_trend_c_per_s
+        self.temperature_trend_c_per_s[row] = trend_c_per_s
         self.clock_event_reasons[row] = sample.clock_event_reasons
         self.power_w[row] = sample.power_w
         self.power_limit_w[row] = sample.power_limit_w

@@ -4,6 +4,7 @@ read a resync makes. Schema in schema.py. Raises redis exceptions; callers decid
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 
@@ -44,25 +45,24 @@ class ClusterStore:
             await pipe.execute()
 
     async def read_all(
-        self, now_s: float
-    ) -> dict[str, tuple[cluster_state_pb2.NodeEntry, cluster_state_pb2.ThermalEntry | None]]:
-        """Every live node's entry and thermal entry, in three round trips whatever the cluster size."""
+        self, now_s: float, batch: int = 500
+    ) -> AsyncIterator[dict[str, tuple[bytes, bytes | None]]]:
+        """Every live node's serialized NodeEntry and ThermalEntry (None if it has sent no sample), in
+        batches: between two batches the event loop serves picks, so a resync of thousands of nodes never
+        stalls it. Left serialized so callers can skip the entries that did not change."""
         await self.client.zremrangebyscore(self.keys.nodes, "-inf", now_s)
         node_ids = [n.decode() for n in await self.client.zrangebyscore(self.keys.nodes, now_s, "+inf")]
-        if not node_ids:
-            return {}
-        async with self.client.pipeline(transaction=False) as pipe:
-            pipe.mget([self.keys.node(n) for n in node_ids])
-            pipe.mget([self.keys.thermal(n) for n in node_ids])
-            nodes, thermals = await pipe.execute()
-        result = {}
-        for node_id, raw_node, raw_thermal in zip(node_ids, nodes, thermals, strict=True):
-            if raw_node is None:
-                continue  # expired between the index read and the fetch
-            entry = cluster_state_pb2.NodeEntry.FromString(raw_node)
-            thermal = None if raw_thermal is None else cluster_state_pb2.ThermalEntry.FromString(raw_thermal)
-            result[node_id] = (entry, thermal)
-        return result
+        for start in range(0, len(node_ids), batch):
+            ids = node_ids[start : start + batch]
+            async with self.client.pipeline(transaction=False) as pipe:
+                pipe.mget([self.keys.node(n) for n in ids])
+                pipe.mget([self.keys.thermal(n) for n in ids])
+                nodes, thermals = await pipe.execute()
+            yield {
+                node_id: (raw_node, raw_thermal)
+                for node_id, raw_node, raw_thermal in zip(ids, nodes, thermals, strict=True)
+                if raw_node is not None  # expired between the index read and the fetch
+            }
 
     async def read_placement(self, node_id: str) -> list[str] | None:
         """Models the planner wants on node_id; None when it has no opinion."""

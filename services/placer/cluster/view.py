@@ -15,10 +15,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 from redis.exceptions import RedisError
 
 from hanzo.inference.v1 import cluster_state_pb2
-from services.placer.cluster.convert import node_record
+from services.placer.cluster.convert import node_record, thermal_sample
 from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.cluster.store import ClusterStore
 
@@ -30,7 +31,7 @@ _TREND_ALPHA = 0.3
 
 @dataclass(frozen=True)
 class SyncSettings:
-    resync_interval_s: float = 1.0
+    resync_interval_s: float = 5.0
     backoff_initial_s: float = 0.05
     backoff_max_s: float = 2.0
 
@@ -53,21 +54,25 @@ class ClusterView:
         self.resyncs = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._subscribed = asyncio.Event()
+        self._next_expiry_s = float("inf")  # earliest deadline in the snapshot (a lower bound)
+        self._raw: dict[str, tuple[bytes, bytes | None]] = {}  # last resync's bytes per node
 
     # --- local updates (the heartbeat / telemetry this placer received itself) -----------------------
 
     def apply_node(self, entry: cluster_state_pb2.NodeEntry) -> None:
-        """Take a node's heartbeat into the snapshot now."""
+        """Take a node's heartbeat into the snapshot now, unless the one held is as new."""
         node_id = entry.report.node_id
+        known = self.nodes.get(node_id)
+        if known is not None and known.deadline_s >= entry.deadline_s:
+            return  # our own write coming back as an event, or an older copy read from Redis
         self.nodes[node_id] = entry
         self.snapshot.upsert(node_record(entry, self.thermal.get(node_id)))
+        self._next_expiry_s = min(self._next_expiry_s, entry.deadline_s)
 
     def apply_thermal(self, node_id: str, entry: cluster_state_pb2.ThermalEntry) -> None:
-        """Take a node's GPU sample into the snapshot (only once its heartbeat is known)."""
+        """Take a node's GPU sample into the snapshot (a node not yet known gets it with its heartbeat)."""
         self.thermal[node_id] = entry
-        node = self.nodes.get(node_id)
-        if node is not None:
-            self.snapshot.upsert(node_record(node, entry))
+        self.snapshot.update_thermal(node_id, thermal_sample(entry.sample), entry.temperature_trend_c_per_s)
 
     def thermal_entry(self, node_id: str, sample: object) -> cluster_state_pb2.ThermalEntry:
         """A ThermalEntry for a new sample, with the trend smoothed against the previous one."""
@@ -84,10 +89,20 @@ class ClusterView:
         return entry
 
     def expire(self) -> None:
-        """Drop nodes whose deadline passed (no heartbeat within the TTL)."""
+        """Drop nodes whose deadline passed (no heartbeat within the TTL). O(1) until the earliest
+        deadline passes, then one vectorised scan: it runs on every pick."""
         now = self.clock()
-        for node_id in [n for n, e in self.nodes.items() if e.deadline_s <= now]:
-            self._forget(node_id)
+        if now < self._next_expiry_s:
+            return
+        snapshot = self.snapshot
+        live = snapshot.column("live")
+        deadlines = snapshot.column("deadline_s")
+        for row in np.flatnonzero(live & (deadlines <= now)):
+            node_id = snapshot.node_ids[row]
+            if node_id is not None:
+                self._forget(node_id)
+        remaining = deadlines[snapshot.column("live")]
+        self._next_expiry_s = float(remaining.min()) if remaining.size else float("inf")
 
     # --- synchronisation with Redis -------------------------------------------------------------------
 
@@ -113,18 +128,12 @@ class ClusterView:
         """Reread the whole registry; False (and stale) when Redis could not be read."""
         now = self.clock()
         try:
-            entries = await self.store.read_all(now)
+            async for entries in self.store.read_all(now):
+                self._apply_serialized(entries)
         except (RedisError, OSError) as exc:
             self.mark_stale(exc)
             self.expire()
             return False
-        for node_id, (entry, thermal) in entries.items():
-            if thermal is not None:
-                self.thermal[node_id] = thermal
-            known = self.nodes.get(node_id)
-            # A newer local heartbeat wins over what Redis held when it was read.
-            if known is None or known.deadline_s <= entry.deadline_s:
-                self.apply_node(entry)
         self.expire()
         if self.stale:
             log.info("cluster state in sync with Redis (%d nodes)", len(self.nodes))
@@ -133,6 +142,16 @@ class ClusterView:
         self.last_sync_s = now
         self.resyncs += 1
         return True
+
+    def _apply_serialized(self, entries: dict[str, tuple[bytes, bytes | None]]) -> None:
+        for node_id, (raw_node, raw_thermal) in entries.items():
+            # Decoding 8,000 entries costs more than comparing bytes: only changed ones are decoded.
+            if self._raw.get(node_id) == (raw_node, raw_thermal):
+                continue
+            self._raw[node_id] = (raw_node, raw_thermal)
+            if raw_thermal is not None:
+                self.apply_thermal(node_id, cluster_state_pb2.ThermalEntry.FromString(raw_thermal))
+            self.apply_node(cluster_state_pb2.NodeEntry.FromString(raw_node))
 
     async def _resync_loop(self) -> None:
         while True:
@@ -161,15 +180,15 @@ class ClusterView:
             async for message in pubsub.listen():
                 if message["type"] == "message":
                     self._apply_event(cluster_state_pb2.ClusterEvent.FromString(message["data"]))
+                # Buffered messages arrive without suspending; yield so a burst never delays picks.
+                await asyncio.sleep(0)
         finally:
             await pubsub.aclose()
 
     def _apply_event(self, event: cluster_state_pb2.ClusterEvent) -> None:
         kind = event.WhichOneof("change")
         if kind == "node":
-            known = self.nodes.get(event.node_id)
-            if known is None or known.deadline_s <= event.node.deadline_s:
-                self.apply_node(event.node)
+            self.apply_node(event.node)
         elif kind == "thermal":
             self.apply_thermal(event.node_id, event.thermal)
 
@@ -181,5 +200,6 @@ class ClusterView:
 
     def _forget(self, node_id: str) -> None:
         self.nodes.pop(node_id, None)
+        self._raw.pop(node_id, None)
         self.thermal.pop(node_id, None)
         self.snapshot.remove(node_id)

@@ -1,0 +1,146 @@
+"""The in-process placer of bench/placer.py: a real PlacerApp on the bench's event loop, its sync costs,
+and PlacerServicer.pick measured while the loop keeps applying pub/sub events."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from collections.abc import Sequence
+
+from bench.placer_measure import Timed, inprocess_picks
+from bench.placer_naive import NaivePicker
+from hanzo.inference.v1 import placer_pb2
+from services.common.workload import WorkloadClass
+from services.placer.app import PlacerApp
+from services.placer.config import PlacerSettings
+from services.placer.pick.query import PickQuery
+
+BURST_S = 0.002  # picks run this long between yields to the event loop
+SYNC_TIMEOUT_S = 120.0
+
+
+class InProcessPlacer:
+    """A started PlacerApp (its gRPC server on a free port, unused); counts the thermal events it applies."""
+
+    def __init__(self, app: PlacerApp, initial_sync_s: float) -> None:
+        self.app = app
+        self.initial_sync_s = initial_sync_s
+        self.events = 0
+        apply_thermal = app.view.apply_thermal
+
+        # An instance attribute shadows the method, so the view's event loop calls this counting wrapper.
+        # Only pub/sub thermal events reach apply_thermal here: a resync stores thermal entries directly.
+        def counting_thermal(node_id: str, entry: object) -> None:
+            self.events += 1
+            apply_thermal(node_id, entry)  # type: ignore[arg-type]
+
+        app.view.apply_thermal = counting_thermal  # type: ignore[method-assign]
+
+    @classmethod
+    async def start(
+        cls, redis_url: str, heartbeat_interval_s: float, resync_interval_s: float
+    ) -> InProcessPlacer:
+        """Start and wait until the view holds every worker in Redis and the event subscription is live."""
+        settings = PlacerSettings(
+            redis_url=redis_url,
+            heartbeat_interval_s=heartbeat_interval_s,
+            resync_interval_s=resync_interval_s,
+        )
+        app = PlacerApp(settings)
+        start = time.perf_counter()
+        await app.start()
+        expected = await app.store.client.zcard(app.store.keys.nodes)
+        while len(app.view.nodes) < expected or len(app.view.thermal) < expected:
+            if time.perf_counter() - start > SYNC_TIMEOUT_S:
+                await app.stop()
+                raise RuntimeError(f"in-process view holds {len(app.view.nodes)} of {expected} workers")
+            await asyncio.sleep(0.05)
+        await app.view.wait_subscribed()
+        return cls(app, time.perf_counter() - start)
+
+    def sync_report(self) -> dict[str, float]:
+        """Seconds from start until the view held every worker, and how many it holds."""
+        return {
+            "inprocess_initial_sync_s": round(self.initial_sync_s, 2),
+            "view_nodes": len(self.app.view.nodes),
+        }
+
+    async def costs(self, requests: Sequence[placer_pb2.PickRequest]) -> dict[str, float]:
+        """Median cost of one full resync (ms; it blocks the loop each resync interval), of view.expire()
+        (us; PlacerServicer.pick calls it on every pick), of applying one thermal sample (us) and of
+        Picker.pick alone (us)."""
+        view, picker = self.app.view, self.app.picker
+        resync_ms = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            await view.resync()
+            resync_ms.append((time.perf_counter() - t0) * 1e3)
+        expire_us = []
+        for _ in range(200):
+            t0 = time.perf_counter_ns()
+            view.expire()
+            expire_us.append((time.perf_counter_ns() - t0) / 1e3)
+        apply_us = []
+        for node_id, entry in list(view.thermal.items())[:1000]:
+            t0 = time.perf_counter_ns()
+            view.apply_thermal(node_id, entry)  # what each pub/sub thermal event costs after decoding
+            apply_us.append((time.perf_counter_ns() - t0) / 1e3)
+        self.events -= len(apply_us)  # not events
+        picker_us = []
+        for i in range(1000):
+            request = requests[i % len(requests)]
+            query = PickQuery(
+                model=request.model,
+                workload_class=WorkloadClass(request.workload_class),
+                caller_zone=request.caller.zone,
+                caller_rack=request.caller.rack,
+                caller_host=request.caller.host,
+                exclude=frozenset(request.exclude_nodes),
+                now_s=time.time(),
+            )
+            t0 = time.perf_counter_ns()
+            picker.pick(view.snapshot, query)
+            picker_us.append((time.perf_counter_ns() - t0) / 1e3)
+        return {
+            "resync_ms": round(statistics.median(resync_ms), 1),
+            "view_expire_us_p50": round(statistics.median(expire_us), 1),
+            "apply_thermal_us_p50": round(statistics.median(apply_us), 1),
+            "picker_only_us_p50": round(statistics.median(picker_us), 1),
+        }
+
+    async def measure(
+        self, requests: Sequence[placer_pb2.PickRequest], duration_s: float
+    ) -> tuple[Timed, int]:
+        """PlacerServicer.pick for duration_s (after a warm-up), and how many pub/sub thermal events the
+        view applied meanwhile."""
+        servicer = self.app.servicer
+        await inprocess_picks(servicer.pick, requests, 0.5, BURST_S)
+        before = self.events
+        timed = await inprocess_picks(servicer.pick, requests, duration_s, BURST_S)
+        return timed, self.events - before
+
+    async def stop(self) -> None:
+        await self.app.stop(grace_s=0.5)
+
+
+async def naive_agreement(
+    placer: InProcessPlacer, naive: NaivePicker, requests: Sequence[placer_pb2.PickRequest]
+) -> tuple[int, int]:
+    """(agreeing, checked): requests (prefix hash cleared, so neither side's prefix memory matters) on which
+    the naive picker finds the same best total and the same number of candidates as PlacerServicer.pick.
+    Run while no telemetry flows, so both read the same state."""
+    agreed = 0
+    for request in requests:
+        plain = placer_pb2.PickRequest()
+        plain.CopyFrom(request)
+        plain.prefix_hash = 0
+        ours = placer.app.servicer.pick(plain)
+        theirs = await naive.pick(plain)
+        if (
+            theirs is not None
+            and abs(ours.candidates[0].total - theirs.candidates[0].total) < 1e-9
+            and ours.considered == theirs.considered
+        ):
+            agreed += 1
+    return agreed, len(requests)
