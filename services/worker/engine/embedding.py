@@ -67,14 +67,22 @@ class EmbeddingEngine:
         """encode() for the event loop: waits without blocking it."""
         return await asyncio.wrap_future(self.submit(texts))
 
+    async def encode_with_usage(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        """(embeddings [N, dim], input tokens counted after truncation), without blocking the loop."""
+        future, num_tokens = self._submit(texts)
+        return await asyncio.wrap_future(future), num_tokens
+
     def submit(self, texts: list[str]) -> concurrent.futures.Future[np.ndarray]:
         """Queue texts for the next batch; the future resolves to their embeddings."""
+        return self._submit(texts)[0]
+
+    def _submit(self, texts: list[str]) -> tuple[concurrent.futures.Future[np.ndarray], int]:
         if not self._thread.is_alive():
             raise EngineDeadError("embedding engine is closed")
         token_ids = self._tokenize(texts)
         job = _Job(token_ids, concurrent.futures.Future())
         self._jobs.put(job)
-        return job.done
+        return job.done, sum(len(ids) for ids in token_ids)
 
     def _tokenize(self, texts: list[str]) -> list[list[int]]:
         if isinstance(texts, str) or not isinstance(texts, list | tuple):

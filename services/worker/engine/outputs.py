@@ -20,6 +20,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
+    arrival_time: float  # monotonic, when the engine accepted the request
+    first_scheduled_time: float | None  # monotonic, when it first left the queue
 
 
 class TextState:
@@ -70,6 +72,8 @@ def make_output(seq: Sequence, new_token_ids: list[int], new_text: str) -> Reque
         num_prompt_tokens=seq.num_prompt_tokens,
         num_output_tokens=seq.num_output_tokens,
         num_cached_tokens=seq.num_cached_tokens,
+        arrival_time=seq.arrival_time,
+        first_scheduled_time=seq.first_scheduled_time,
     )
 
 

@@ -11,6 +11,7 @@ sequence with LENGTH once it fills the pool, so a sequence alone in the pool alw
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -242,6 +243,8 @@ class Scheduler:
                 return  # head-of-line: never skip ahead of the queue's order
             waiting.pop()
             seq.status = SequenceStatus.RUNNING
+            if seq.first_scheduled_time is None:
+                seq.first_scheduled_time = time.monotonic()
             running.append(seq)
             batch.add(seq, n)
             budget -= n

@@ -33,6 +33,7 @@ class Sequence:
         "block_table",
         "eos_token_ids",
         "finish_reason",
+        "first_scheduled_time",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
@@ -57,6 +58,7 @@ class Sequence:
         self.params = params
         self.eos_token_ids = eos_token_ids
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
+        self.first_scheduled_time: float | None = None  # monotonic; when it first left the queue
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.num_computed_tokens = 0

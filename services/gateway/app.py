@@ -1,0 +1,55 @@
+"""The gateway process: the public Inference service in front of the placer and the workers."""
+
+from __future__ import annotations
+
+import logging
+
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import start_http_server
+
+from hanzo.inference.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
+from services.common.tracing import make_tracer_provider
+from services.gateway.auth import ApiKeyInterceptor
+from services.gateway.config import GatewaySettings
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.servicer import InferenceServicer
+from services.gateway.upstream import Upstream
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+
+
+class GatewayApp:
+    def __init__(self, settings: GatewaySettings, tracer_provider: TracerProvider | None = None) -> None:
+        self.settings = settings
+        self.tracer_provider = tracer_provider or make_tracer_provider("hanzo-gateway")
+        self.metrics = GatewayMetrics()
+        topology = common_pb2.Topology(zone=settings.zone, rack=settings.rack, host=settings.hostname)
+        self.upstream = Upstream(settings.placer_address, self.tracer_provider, topology)
+        auth = (ApiKeyInterceptor(settings.api_keys),) if settings.api_keys else ()
+        if not settings.api_keys:
+            log.warning("no API keys configured (HANZO_GATEWAY_API_KEYS): the gateway is OPEN to any caller")
+        self.server = new_server(self.tracer_provider, auth)
+        tracer = self.tracer_provider.get_tracer("hanzo.gateway")
+        servicer = InferenceServicer(settings, self.upstream, self.metrics, tracer)
+        inference_pb2_grpc.add_InferenceServicer_to_server(servicer, self.server)
+        self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
+        self.address = bind(self.server, settings.host, settings.port)
+        self.metrics_port: int | None = None
+
+    async def start(self) -> None:
+        await self.server.start()
+        await set_serving(self.health, ["", SERVICE_NAME], True)
+        if self.settings.metrics_port is not None:
+            http_server, _ = start_http_server(self.settings.metrics_port, registry=self.metrics.registry)
+            self.metrics_port = http_server.server_port
+        log.info("gateway listening on %s (placer %s)", self.address, self.settings.placer_address)
+
+    async def stop(self) -> None:
+        """Health NOT_SERVING first (load balancers move on), then in-flight streams get drain_timeout_s."""
+        await set_serving(self.health, ["", SERVICE_NAME], False)
+        await self.server.stop(self.settings.drain_timeout_s)
+        await self.upstream.close()
+        self.tracer_provider.shutdown()

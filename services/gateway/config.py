@@ -1,0 +1,47 @@
+"""Gateway settings: one typed object from HANZO_GATEWAY_* environment variables (all optional)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from services.common.env import env_float, env_int, env_optional_int, env_str
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """api_keys empty: the gateway runs open (and says so at start). max_attempts: workers tried for one
+    request while no token has been sent. zone/rack/hostname: where the gateway runs, for topology."""
+
+    host: str = "127.0.0.1"
+    port: int = 50050
+    metrics_port: int | None = None
+    placer_address: str = "127.0.0.1:50051"
+    api_keys: frozenset[str] = frozenset()
+    max_attempts: int = 3
+    pick_timeout_s: float = 2.0
+    zone: str = ""
+    rack: str = ""
+    hostname: str = field(default_factory=socket.gethostname)
+    drain_timeout_s: float = 10.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> GatewaySettings:
+        """Settings from HANZO_GATEWAY_* variables; ValueError naming a malformed one."""
+        p = "HANZO_GATEWAY_"
+        keys = frozenset(k.strip() for k in environ.get(p + "API_KEYS", "").split(",") if k.strip())
+        return cls(
+            host=env_str(environ, p + "HOST", cls.host),
+            port=env_int(environ, p + "PORT", cls.port, minimum=0),
+            metrics_port=env_optional_int(environ, p + "METRICS_PORT"),
+            placer_address=env_str(environ, p + "PLACER_ADDRESS", cls.placer_address),
+            api_keys=keys,
+            max_attempts=env_int(environ, p + "MAX_ATTEMPTS", cls.max_attempts, minimum=1),
+            pick_timeout_s=env_float(environ, p + "PICK_TIMEOUT_S", cls.pick_timeout_s, 0.01),
+            zone=env_str(environ, p + "ZONE", ""),
+            rack=env_str(environ, p + "RACK", ""),
+            hostname=env_str(environ, p + "HOSTNAME", socket.gethostname()),
+            drain_timeout_s=env_float(environ, p + "DRAIN_TIMEOUT_S", cls.drain_timeout_s, 0.0),
+        )

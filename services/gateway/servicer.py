@@ -1,0 +1,205 @@
+"""The public Inference service: authenticate (interceptor), validate, classify, pick, forward, stream.
+
+A request moves to another worker only while nothing has been sent to the caller; after the first
+token a failure ends the stream with UNAVAILABLE saying how many tokens were delivered, so no token is
+ever duplicated.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+from opentelemetry import trace
+
+from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc, placer_pb2
+from services.common.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable
+from services.common.workload import WorkloadClass
+from services.gateway.classify import classify_generate
+from services.gateway.config import GatewaySettings
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.upstream import Upstream, relay
+from services.worker.server.convert import prompt_of, sampling_params
+
+# Worker failures after which another worker may succeed (as long as nothing was sent yet).
+_RETRYABLE = {
+    grpc.StatusCode.UNAVAILABLE,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.NOT_FOUND,  # the placer's view was a beat behind: the model just left that worker
+    grpc.StatusCode.CANCELLED,  # the worker shut down under us
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.INTERNAL,
+}
+
+
+class InferenceServicer(inference_pb2_grpc.InferenceServicer):
+    def __init__(
+        self, settings: GatewaySettings, upstream: Upstream, metrics: GatewayMetrics, tracer: trace.Tracer
+    ):
+        self.settings = settings
+        self.upstream = upstream
+        self.metrics = metrics
+        self.tracer = tracer
+
+    async def Generate(
+        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        with self.tracer.start_as_current_span("classify") as span:
+            workload = classify_generate(request, dict(context.invocation_metadata() or ()))
+            span.set_attribute("hanzo.workload_class", workload.name)
+        prompt = _validate_generate(request)
+        forwarded = inference_pb2.GenerateRequest()
+        forwarded.CopyFrom(request)
+        forwarded.workload_class = int(workload)
+        forwarded.request_id = request.request_id or uuid.uuid4().hex
+        trace.get_current_span().set_attributes(
+            {"gen_ai.request.model": request.model, "hanzo.workload_class": workload.name,
+             "hanzo.request_id": forwarded.request_id}
+        )  # fmt: skip
+        started = time.monotonic()
+        excluded: list[str] = []
+        last_error: grpc.aio.AioRpcError | None = None
+        for attempt in range(self.settings.max_attempts):
+            pick = await self._pick(request.model, workload, excluded, context, last_error, prompt)
+            if pick is None:
+                break
+            call = self.upstream.worker(pick.address).Generate(forwarded, timeout=self._timeout(context))
+            sent_any = False
+            tokens_sent = 0
+            try:
+                async for response in call:
+                    if not sent_any:
+                        response.node_id = response.node_id or pick.node_id
+                        response.workload_class = int(workload)
+                        self.metrics.ttft.labels(workload.name).observe(time.monotonic() - started)
+                    sent_any = True
+                    tokens_sent += len(response.token_ids)
+                    yield response
+                self.metrics.requests.labels("Generate", workload.name, "OK").inc()
+                return
+            except grpc.aio.AioRpcError as error:
+                if sent_any:
+                    self.metrics.requests.labels("Generate", workload.name, "UNAVAILABLE").inc()
+                    raise Unavailable(
+                        f"worker {pick.node_id} failed after {tokens_sent} tokens were sent "
+                        f"({error.code().name}: {error.details()}); the stream ends here, nothing is repeated"
+                    ) from None
+                if error.code() not in _RETRYABLE:
+                    self.metrics.requests.labels("Generate", workload.name, error.code().name).inc()
+                    raise relay(error, f"worker {pick.node_id}") from None
+                last_error = error
+                excluded.append(pick.node_id)
+                self.metrics.retries.labels(workload.name).inc()
+                trace.get_current_span().add_event(
+                    "retry", {"hanzo.failed_node": pick.node_id, "hanzo.attempt": attempt + 1}
+                )
+            finally:
+                call.cancel()  # a cancelled caller cancels the worker's stream, which frees its KV
+        self.metrics.requests.labels("Generate", workload.name, _final_code(last_error).name).inc()
+        raise _exhausted(last_error, self.settings.max_attempts, "served the request")
+
+    async def Embed(
+        self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EmbedResponse:
+        _validate_embed(request)
+        excluded: list[str] = []
+        last_error: grpc.aio.AioRpcError | None = None
+        for _ in range(self.settings.max_attempts):
+            pick = await self._pick(request.model, WorkloadClass.EMBEDDING, excluded, context, last_error)
+            if pick is None:
+                break
+            try:
+                reply = await self.upstream.worker(pick.address).Embed(
+                    request, timeout=self._timeout(context)
+                )
+            except grpc.aio.AioRpcError as error:
+                if error.code() not in _RETRYABLE:
+                    raise relay(error, f"worker {pick.node_id}") from None
+                last_error = error
+                excluded.append(pick.node_id)
+                continue
+            self.metrics.requests.labels("Embed", WorkloadClass.EMBEDDING.name, "OK").inc()
+            return reply
+        raise _exhausted(last_error, self.settings.max_attempts, "embedded the inputs")
+
+    async def ListModels(
+        self, request: inference_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.ListModelsResponse:
+        nodes = await self.upstream.list_nodes(self._timeout(context, self.settings.pick_timeout_s))
+        cards: dict[str, inference_pb2.ModelCard] = {}
+        for node in nodes.nodes:
+            if node.draining:
+                continue
+            for model in node.models:
+                card = cards.setdefault(model.name, inference_pb2.ModelCard(name=model.name, kind=model.kind))
+                card.replicas += int(model.resident)
+        return inference_pb2.ListModelsResponse(models=[cards[name] for name in sorted(cards)])
+
+    async def _pick(
+        self,
+        model: str,
+        workload: WorkloadClass,
+        excluded: list[str],
+        context: grpc.aio.ServicerContext,
+        last_error: grpc.aio.AioRpcError | None,
+        prompt: str | list[int] | None = None,
+    ) -> placer_pb2.PickReply | None:
+        """The next worker to try; None once every worker was tried (the caller reports why they failed)."""
+        timeout = self._timeout(context, self.settings.pick_timeout_s)
+        try:
+            return await self.upstream.pick(model, workload, excluded, timeout, prompt)
+        except Unavailable:
+            if last_error is None:
+                raise
+            return None
+
+    @staticmethod
+    def _timeout(context: grpc.aio.ServicerContext, cap_s: float | None = None) -> float | None:
+        """What is left of the caller's deadline (propagated to every hop), capped at cap_s."""
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            raise _DeadlineExceeded("the caller's deadline passed before the request could be placed")
+        if cap_s is None:
+            return remaining
+        return cap_s if remaining is None else min(remaining, cap_s)
+
+
+def _final_code(last_error: grpc.aio.AioRpcError | None) -> grpc.StatusCode:
+    """Every worker overloaded -> RESOURCE_EXHAUSTED (the caller should back off); else UNAVAILABLE."""
+    if last_error is not None and last_error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return grpc.StatusCode.RESOURCE_EXHAUSTED
+    return grpc.StatusCode.UNAVAILABLE
+
+
+def _exhausted(last_error: grpc.aio.AioRpcError | None, attempts: int, what: str) -> ServiceError:
+    detail = last_error.details() if last_error else "no attempt made"
+    if _final_code(last_error) == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhausted(f"every worker tried is overloaded ({detail})", retry_after_s=1.0)
+    return Unavailable(f"no worker {what} after {attempts} attempts: {detail}")
+
+
+class _DeadlineExceeded(Unavailable):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+def _validate_generate(request: inference_pb2.GenerateRequest) -> str | list[int]:
+    """The prompt; InvalidArgument naming the field for anything the worker would refuse anyway."""
+    if not request.model:
+        raise InvalidArgument("model", "is empty; name a model (ListModels shows them)")
+    prompt = prompt_of(request)
+    if not prompt:
+        raise InvalidArgument("prompt", "is empty; send text or at least one token id")
+    sampling_params(request.sampling)  # raises InvalidRequestError (-> INVALID_ARGUMENT) naming the field
+    return prompt
+
+
+def _validate_embed(request: inference_pb2.EmbedRequest) -> None:
+    if not request.model:
+        raise InvalidArgument("model", "is empty; name an embedding model (ListModels shows them)")
+    if not request.inputs:
+        raise InvalidArgument("inputs", "is empty; send at least one text")
+    for i, text in enumerate(request.inputs):
+        if not text.strip():
+            raise InvalidArgument(f"inputs[{i}]", "is empty")

@@ -1,0 +1,84 @@
+"""The gateway's clients: the placer (one channel) and the workers (a channel per address, kept)."""
+
+from __future__ import annotations
+
+import hashlib
+
+import grpc
+from opentelemetry.sdk.trace import TracerProvider
+
+from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc, worker_pb2_grpc
+from services.common.errors import NotFound, ServiceError, Unavailable
+from services.common.tracing import client_interceptors
+from services.common.workload import WorkloadClass
+
+
+def prefix_hash(prompt: str | list[int]) -> int:
+    """A stable 63-bit hash of the prompt's start, the same on every gateway replica (Python's hash()
+    is salted per process), so requests sharing a prefix meet on the worker that caches it."""
+    head = prompt[:512].encode() if isinstance(prompt, str) else b",".join(b"%d" % t for t in prompt[:128])
+    return int.from_bytes(hashlib.blake2b(head, digest_size=8).digest(), "big") >> 1
+
+
+def relay(error: grpc.aio.AioRpcError, what: str) -> ServiceError:
+    """An upstream failure as our own error with the same status code."""
+    relayed = ServiceError(f"{what}: {error.details()}")
+    relayed.code = error.code()
+    return relayed
+
+
+class Upstream:
+    def __init__(
+        self, placer_address: str, tracer_provider: TracerProvider, topology: common_pb2.Topology
+    ) -> None:
+        self._interceptors = client_interceptors(tracer_provider)
+        self._placer_channel = grpc.aio.insecure_channel(placer_address, interceptors=self._interceptors)
+        self.placer = placer_pb2_grpc.PlacerStub(self._placer_channel)
+        self.topology = topology
+        self._workers: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
+
+    def worker(self, address: str) -> worker_pb2_grpc.WorkerStub:
+        """A stub for the worker at address, reusing its channel."""
+        entry = self._workers.get(address)
+        if entry is None:
+            channel = grpc.aio.insecure_channel(address, interceptors=self._interceptors)
+            entry = (channel, worker_pb2_grpc.WorkerStub(channel))
+            self._workers[address] = entry
+        return entry[1]
+
+    async def pick(
+        self,
+        model: str,
+        workload: WorkloadClass,
+        exclude: list[str],
+        timeout_s: float,
+        prompt: str | list[int] | None = None,
+    ) -> placer_pb2.PickReply:
+        """The worker the placer chooses; NotFound for an unknown model, Unavailable when none can serve."""
+        request = placer_pb2.PickRequest(
+            model=model,
+            workload_class=int(workload),
+            caller=self.topology,
+            exclude_nodes=exclude,
+            prefix_hash=prefix_hash(prompt) if prompt else 0,
+            prompt_tokens=len(prompt) if isinstance(prompt, list) else 0,
+        )
+        try:
+            return await self.placer.Pick(request, timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            if error.code() == grpc.StatusCode.NOT_FOUND:
+                raise NotFound(error.details()) from None
+            if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                raise relay(error, "placer rejected the request") from None
+            raise Unavailable(f"no worker available for {model!r}: {error.details()}") from None
+
+    async def list_nodes(self, timeout_s: float) -> placer_pb2.ListNodesReply:
+        try:
+            return await self.placer.ListNodes(placer_pb2.ListNodesRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as error:
+            raise Unavailable(f"placer unreachable: {error.details()}") from None
+
+    async def close(self) -> None:
+        for channel, _ in self._workers.values():
+            await channel.close()
+        await self._placer_channel.close()

@@ -1,0 +1,100 @@
+"""The worker process: models, the Worker gRPC server, heartbeats to the placer, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import grpc
+from opentelemetry.sdk.trace import TracerProvider
+from prometheus_client import start_http_server
+
+from hanzo.inference.v1 import placer_pb2, worker_pb2, worker_pb2_grpc
+from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
+from services.common.tracing import make_tracer_provider
+from services.worker.server.config import WorkerSettings
+from services.worker.server.heartbeat import Heartbeat, node_report
+from services.worker.server.host import ModelHost
+from services.worker.server.metrics import WorkerMetrics
+from services.worker.server.servicer import WorkerServicer
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+
+
+class WorkerApp:
+    """`await start()` loads every catalog model, serves, and heartbeats; `await stop()` drains."""
+
+    def __init__(self, settings: WorkerSettings, tracer_provider: TracerProvider | None = None) -> None:
+        self.settings = settings
+        self.tracer_provider = tracer_provider or make_tracer_provider("hanzo-worker")
+        self.metrics = WorkerMetrics()
+        self.host = ModelHost(settings)
+        self.server = new_server(self.tracer_provider)
+        self.address = bind(self.server, settings.host, settings.port)
+        self.node_id = settings.node_id or f"{settings.hostname}-{self.address.rsplit(':', 1)[1]}"
+        self.advertise_address = settings.advertise_address or self.address
+        tracer = self.tracer_provider.get_tracer("hanzo.worker")
+        self.servicer = WorkerServicer(self.node_id, self.host, self.metrics, tracer)
+        worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, self.server)
+        self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
+        self.metrics_port: int | None = None
+        self._placer_channel: grpc.aio.Channel | None = None
+        self.heartbeat: Heartbeat | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        for name in self.settings.models:
+            await self.host.load(name)
+        await self.server.start()
+        await set_serving(self.health, ["", SERVICE_NAME], True)
+        if self.settings.metrics_port is not None:
+            http_server, _ = start_http_server(self.settings.metrics_port, registry=self.metrics.registry)
+            self.metrics_port = http_server.server_port
+        self._placer_channel = grpc.aio.insecure_channel(self.settings.placer_address)
+        self.heartbeat = Heartbeat(
+            self._placer_channel, self._report, self.settings.heartbeat_interval_s, self.host
+        )
+        self._tasks = [
+            asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
+            asyncio.create_task(self._gauges(), name="gauges"),
+        ]
+        log.info("worker %s serving %s on %s", self.node_id, sorted(self.host.models), self.address)
+
+    async def stop(self) -> None:
+        """Drain: health NOT_SERVING and a draining heartbeat (the placer stops sending work), in-flight
+        streams get drain_timeout_s to finish, then models and connections close."""
+        self.servicer.draining = True
+        await set_serving(self.health, ["", SERVICE_NAME], False)
+        if self.heartbeat is not None:
+            with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
+                await asyncio.wait_for(self.heartbeat.stub.Heartbeat(self._report(), timeout=1.0), 1.5)
+        await self.server.stop(self.settings.drain_timeout_s)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.host.close()
+        if self._placer_channel is not None:
+            await self._placer_channel.close()
+        self.tracer_provider.shutdown()
+
+    def _report(self) -> placer_pb2.NodeReport:
+        return node_report(
+            self.node_id, self.advertise_address, self.settings, self.host, self.servicer.draining
+        )
+
+    async def _gauges(self) -> None:
+        """Refresh the load gauges from the engines (cheap reads) once a second."""
+        while True:
+            for served in list(self.host.models.values()):
+                if served.llm is None:
+                    continue
+                self.metrics.running.labels(served.name).set(served.running)
+                self.metrics.waiting.labels(served.name).set(served.waiting)
+                self.metrics.kv_usage.labels(served.name).set(served.kv_usage)
+                self.metrics.prefix_hits.labels(served.name).set(
+                    served.llm.engine.block_manager.prefix_hit_tokens
+                )
+            await asyncio.sleep(1.0)

@@ -1,0 +1,164 @@
+"""The Worker gRPC service: thin handlers between protobuf and the model host."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import grpc
+from opentelemetry import trace
+
+from hanzo.inference.v1 import inference_pb2, placer_pb2, worker_pb2, worker_pb2_grpc
+from services.common.errors import ResourceExhausted
+from services.common.tracing import record_span
+from services.common.workload import WorkloadClass
+from services.worker.engine.outputs import RequestOutput
+from services.worker.server.convert import FINISH_REASONS, prompt_of, sampling_params
+from services.worker.server.host import ModelHost
+from services.worker.server.metrics import WorkerMetrics
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, node_id: str, host: ModelHost, metrics: WorkerMetrics, tracer: trace.Tracer) -> None:
+        self.node_id = node_id
+        self.host = host
+        self.metrics = metrics
+        self.tracer = tracer
+        self.draining = False
+
+    async def Generate(
+        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        llm = self.host.generator(request.model)
+        params = sampling_params(request.sampling)
+        prompt = prompt_of(request)
+        scheduler = llm.engine.scheduler
+        if scheduler.num_waiting >= self.host.settings.max_waiting:
+            raise ResourceExhausted(
+                f"worker {self.node_id} has {scheduler.num_waiting} requests queued for {request.model!r}",
+                retry_after_s=1.0,
+            )
+        workload = _workload(request.workload_class)
+        labels = (request.model, workload.name)
+        request_id = request.request_id or uuid.uuid4().hex
+        started = time.monotonic()
+        first_token_at = last_token_at = None
+        final: RequestOutput | None = None
+        async for out in llm.generate(prompt, params, request_id=request_id):
+            now = time.monotonic()
+            response = inference_pb2.GenerateResponse(
+                request_id=request_id, token_ids=out.new_token_ids, text=out.new_text
+            )
+            if first_token_at is None:
+                first_token_at = now
+                response.workload_class = int(workload)
+                response.node_id = self.node_id
+                self.metrics.ttft.labels(*labels).observe(now - started)
+            elif out.new_token_ids and last_token_at is not None:
+                self.metrics.itl.labels(*labels).observe(now - last_token_at)
+            last_token_at = now
+            if out.finished:
+                final = out
+                response.finish_reason = FINISH_REASONS[out.finish_reason or "abort"]
+                response.usage.CopyFrom(_usage(out))
+            yield response
+        if final is not None and first_token_at is not None:
+            self._record(request.model, workload, params.max_tokens, started, first_token_at, final)
+
+    async def Embed(
+        self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
+    ) -> inference_pb2.EmbedResponse:
+        embedder = self.host.embedder(request.model)
+        vectors, num_tokens = await embedder.encode_with_usage(list(request.inputs))
+        self.metrics.prompt_tokens.labels(request.model).inc(num_tokens)
+        return inference_pb2.EmbedResponse(
+            data=[inference_pb2.Embedding(values=row.tolist(), index=i) for i, row in enumerate(vectors)],
+            usage=inference_pb2.Usage(prompt_tokens=num_tokens),
+            node_id=self.node_id,
+        )
+
+    async def LoadModel(
+        self, request: worker_pb2.LoadModelRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.LoadModelResponse:
+        served, took = await self.host.load(request.model)
+        state = placer_pb2.ModelState(
+            name=served.name, weight_bytes=served.weight_bytes, resident=True, kind=served.kind
+        )
+        return worker_pb2.LoadModelResponse(model=state, load_seconds=took)
+
+    async def EvictModel(
+        self, request: worker_pb2.EvictModelRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.EvictModelResponse:
+        aborted = await self.host.evict(request.model, request.force)
+        return worker_pb2.EvictModelResponse(aborted_requests=aborted)
+
+    async def GetStats(
+        self, request: worker_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.WorkerStats:
+        return self.stats()
+
+    def stats(self) -> worker_pb2.WorkerStats:
+        """Per-model load and cache counters, also used for metrics and heartbeats."""
+        models = []
+        for served in self.host.models.values():
+            stats = worker_pb2.ModelStats(name=served.name, kind=served.kind)
+            if served.llm is not None:
+                engine = served.llm.engine
+                blocks = engine.block_manager
+                stats.running = served.running
+                stats.waiting = served.waiting
+                stats.kv_usage = blocks.usage
+                stats.kv_blocks_total = blocks.num_blocks
+                stats.kv_blocks_used = blocks.num_used_blocks
+                stats.prefix_hit_tokens = blocks.prefix_hit_tokens
+                stats.generated_tokens = engine.stats.generated_tokens
+                stats.preemptions = engine.stats.preemptions
+            models.append(stats)
+        return worker_pb2.WorkerStats(node_id=self.node_id, models=models, draining=self.draining)
+
+    def _record(
+        self, model: str, workload: WorkloadClass, max_tokens: int, started: float, first_token_at: float,
+        final: RequestOutput,
+    ) -> None:  # fmt: skip
+        """Metrics and the engine-phase spans of a finished request (phases timed in the engine thread)."""
+        end = time.monotonic()
+        labels = (model, workload.name)
+        self.metrics.e2e.labels(*labels).observe(end - started)
+        self.metrics.requests.labels(*labels, final.finish_reason or "abort").inc()
+        self.metrics.prompt_tokens.labels(model).inc(final.num_prompt_tokens)
+        self.metrics.generation_tokens.labels(model).inc(final.num_output_tokens)
+        scheduled = final.first_scheduled_time or first_token_at
+        self.metrics.queue.labels(*labels).observe(max(0.0, scheduled - started))
+        span = trace.get_current_span()
+        attributes = {
+            "gen_ai.operation.name": "text_completion",
+            "gen_ai.request.model": model,
+            "gen_ai.request.max_tokens": max_tokens,
+            "gen_ai.usage.input_tokens": final.num_prompt_tokens,
+            "gen_ai.usage.output_tokens": final.num_output_tokens,
+            "gen_ai.response.finish_reasons": [final.finish_reason or "abort"],
+            "hanzo.workload_class": workload.name,
+            "hanzo.node_id": self.node_id,
+            "hanzo.cached_prompt_tokens": final.num_cached_tokens,
+        }
+        span.set_attributes(attributes)
+        phase = {"gen_ai.request.model": model, "hanzo.workload_class": workload.name}
+        record_span(self.tracer, "queue", started, max(started, scheduled), phase)
+        record_span(self.tracer, "prefill", max(started, scheduled), first_token_at, phase)
+        record_span(self.tracer, "decode", first_token_at, end, phase)
+
+
+def _usage(out: RequestOutput) -> inference_pb2.Usage:
+    return inference_pb2.Usage(
+        prompt_tokens=out.num_prompt_tokens,
+        completion_tokens=out.num_output_tokens,
+        cached_prompt_tokens=out.num_cached_tokens,
+    )
+
+
+def _workload(value: int) -> WorkloadClass:
+    try:
+        return WorkloadClass(value)
+    except ValueError:
+        return WorkloadClass.UNSPECIFIED
