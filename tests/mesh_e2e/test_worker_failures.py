@@ -1,0 +1,104 @@
+"""Worker processes killed under the gateway: before the first token the request moves to another
+worker; mid-stream the caller gets UNAVAILABLE saying how many tokens it got, none repeated."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc
+from services.common.redis_server import RedisServer
+from tests.placer.cluster_helpers import eventually, placer_stub
+from tests.support.processes import ServiceProcess
+
+LONG = inference_pb2.SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
+SHORT = inference_pb2.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+
+
+@dataclass
+class ProcessMesh:
+    placer: ServiceProcess
+    workers: dict[str, ServiceProcess]
+    gateway: ServiceProcess
+
+
+@pytest.fixture
+def process_mesh(redis_server: RedisServer, llama_gqa_dir: Path) -> Iterator[ProcessMesh]:
+    """Placer, workers w-near (same zone and rack as the gateway, so preferred) and w-far, gateway."""
+    placer = ServiceProcess(
+        "services.placer",
+        {"HANZO_PLACER_REDIS_URL": redis_server.url, "HANZO_PLACER_PORT": "0",
+         "HANZO_PLACER_HEARTBEAT_INTERVAL_S": "0.5"},
+        "PLACER_READY",
+    )  # fmt: skip
+    workers = {}
+    for node_id, zone in (("w-near", "z1"), ("w-far", "z2")):
+        workers[node_id] = ServiceProcess(
+            "services.worker",
+            {"HANZO_WORKER_PORT": "0", "HANZO_WORKER_NODE_ID": node_id, "HANZO_WORKER_ZONE": zone,
+             "HANZO_WORKER_RACK": "r1", "HANZO_WORKER_HOSTNAME": f"{node_id}-host",
+             "HANZO_WORKER_PLACER_ADDRESS": placer.ready["address"],
+             "HANZO_WORKER_MODELS": f"llama={llama_gqa_dir}", "HANZO_WORKER_HEARTBEAT_INTERVAL_S": "0.5"},
+            "WORKER_READY",
+        )  # fmt: skip
+    gateway = ServiceProcess(
+        "services.gateway",
+        {"HANZO_GATEWAY_PORT": "0", "HANZO_GATEWAY_PLACER_ADDRESS": placer.ready["address"],
+         "HANZO_GATEWAY_ZONE": "z1", "HANZO_GATEWAY_RACK": "r1", "HANZO_GATEWAY_HOSTNAME": "gateway-host"},
+        "GATEWAY_READY",
+    )  # fmt: skip
+    mesh = ProcessMesh(placer, workers, gateway)
+    yield mesh
+    for process in (gateway, *workers.values(), placer):
+        process.stop()
+
+
+async def _registered(mesh: ProcessMesh) -> None:
+    channel, stub = placer_stub(mesh.placer.ready["address"])
+    async with channel:
+
+        async def both() -> bool:
+            from hanzo.inference.v1 import placer_pb2
+
+            return len((await stub.ListNodes(placer_pb2.ListNodesRequest())).nodes) == 2
+
+        await eventually(both, 30, "both workers registered")
+
+
+async def test_worker_killed_before_first_token_request_moves(process_mesh: ProcessMesh) -> None:
+    await _registered(process_mesh)
+    async with grpc.aio.insecure_channel(process_mesh.gateway.ready["address"]) as channel:
+        inference = inference_pb2_grpc.InferenceStub(channel)
+        request = inference_pb2.GenerateRequest(model="llama", prompt="hello", sampling=SHORT)
+        first = [r async for r in inference.Generate(request)]
+        assert first[0].node_id == "w-near"  # topology: same zone and rack as the gateway
+        # Dies without a goodbye; the placer still lists it until its heartbeat TTL runs out.
+        process_mesh.workers["w-near"].kill()
+        for _ in range(3):
+            responses = [r async for r in inference.Generate(request)]
+            assert responses[0].node_id == "w-far"
+            assert [t for r in responses for t in r.token_ids] == [t for r in first for t in r.token_ids]
+            assert responses[-1].finish_reason == inference_pb2.FINISH_REASON_LENGTH
+
+
+async def test_worker_killed_mid_stream_ends_with_unavailable_and_no_repeats(
+    process_mesh: ProcessMesh,
+) -> None:
+    await _registered(process_mesh)
+    async with grpc.aio.insecure_channel(process_mesh.gateway.ready["address"]) as channel:
+        inference = inference_pb2_grpc.InferenceStub(channel)
+        call = inference.Generate(inference_pb2.GenerateRequest(model="llama", prompt="go on", sampling=LONG))
+        received: list[int] = []
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            async for response in call:
+                received += response.token_ids
+                if len(received) == 5:
+                    process_mesh.workers[response.node_id or "w-near"].kill()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        details = err.value.details()
+        assert f"after {len(received)} tokens were sent" in details and "nothing is repeated" in details
+        assert 5 <= len(received) < LONG.max_tokens
