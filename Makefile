@@ -6,13 +6,16 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/hanzo/inference/v1/*.proto)
 GENERATED := hanzo/inference/v1/placer_pb2.py
 
-.PHONY: setup protos test lint bench bench-quick bench-placer clean
+.PHONY: setup protos demo up test lint bench bench-quick bench-placer bench-mesh clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first and pinned, so that no several-GB CUDA build is pulled in by a range.
 	$(PY) -m pip install --quiet "torch==2.13.0"
+	# The generated package must exist before the editable install, which maps only the packages it finds.
+	$(PY) -m pip install --quiet "grpcio-tools>=1.85,<1.86"
+	$(PY) -m services.common.protogen
 	$(PY) -m pip install --quiet -e ".[build,test]"
 	touch $(STAMP)
 
@@ -23,6 +26,13 @@ $(GENERATED): $(PROTOS) services/common/protogen.py $(STAMP)
 protos: $(GENERATED)
 
 setup: $(STAMP) $(GENERATED)
+
+# The whole mesh on this machine (Redis, placer, workers + telemetry, gateway) and a mixed workload.
+demo: setup
+	$(VENV)/bin/hanzo-mesh demo
+
+up: setup
+	$(VENV)/bin/hanzo-mesh up
 
 lint: setup
 	$(VENV)/bin/ruff check .
@@ -39,6 +49,9 @@ bench-quick: setup
 
 bench-placer: setup
 	$(PY) bench/placer.py
+
+bench-mesh: setup
+	$(PY) bench/mesh.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache hanzo

@@ -1,0 +1,207 @@
+"""`hanzo-mesh up | demo`: the whole mesh as local processes on small models, optionally driven by a demo."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import secrets
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, NoReturn
+
+from services.mesh.driver import DriveOptions, RequestResult, drive, wait_for_models
+from services.mesh.models import BATCH_MODEL, CHAT_MODEL, EMBED_MODEL, prepare_models
+from services.mesh.process import ServiceStartError
+from services.mesh.report import build_report, format_report, write_report
+from services.mesh.stack import Stack, StackConfig, format_process_table, new_run_dir
+from services.mesh.workload import PlannedRequest, plan_workload
+
+DEFAULT_ROOT = Path(".cache/mesh")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1..65535, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `hanzo-mesh` argument parser (subcommands up and demo)."""
+    parser = argparse.ArgumentParser(prog="hanzo-mesh", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start the mesh and wait for Ctrl-C / SIGTERM")
+    demo = sub.add_parser("demo", help="start the mesh, drive a mixed workload, print a per-class report")
+    for p in (up, demo):
+        p.add_argument("--workers", type=_positive_int, default=2, help="worker processes (default 2)")
+        p.add_argument("--redis-url", help="use this Redis instead of starting a private one")
+        p.add_argument(
+            "--base-port", type=_port, help="hand out ports upwards from here (default: free ports)"
+        )
+        p.add_argument("--model-cache", type=Path, default=DEFAULT_ROOT / "models", help="checkpoint cache")
+        p.add_argument(
+            "--run-root", type=Path, default=DEFAULT_ROOT, help="run-<timestamp> log folders go here"
+        )
+        p.add_argument("--ready-timeout", type=_positive_float, default=180.0, help="seconds per service")
+    demo.add_argument("--requests", type=_positive_int, default=120, help="requests to send (default 120)")
+    demo.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    demo.add_argument(
+        "--report", type=Path, default=DEFAULT_ROOT / "demo-report.json", help="JSON report path"
+    )
+    demo.add_argument("--rate", type=_positive_float, default=6.0, help="mean arrivals per second")
+    demo.add_argument("--concurrency", type=_positive_int, default=8, help="most requests in flight")
+    demo.add_argument("--time-budget", type=_positive_float, default=120.0, help="seconds for the workload")
+    demo.add_argument("--request-timeout", type=_positive_float, default=60.0, help="deadline per request")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of `hanzo-mesh`; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    # SIGTERM stops the mesh exactly like Ctrl-C; SIGINT is set explicitly because a shell starts
+    # background jobs with SIGINT ignored, and `kill -INT` must still stop the mesh.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _interrupt)
+    return _up(args) if args.command == "up" else _demo(args)
+
+
+def _interrupt(signum: int, frame: object) -> NoReturn:
+    raise KeyboardInterrupt
+
+
+def _stack(args: argparse.Namespace) -> Stack:
+    print(f"preparing models in {args.model_cache.resolve()} ...", flush=True)
+    models = prepare_models(args.model_cache)
+    run_dir = new_run_dir(args.run_root)
+    print(f"run directory (service logs): {run_dir}", flush=True)
+    config = StackConfig(
+        run_dir=run_dir,
+        models=models,
+        api_key=secrets.token_hex(16),  # a fresh key per run: the demo exercises auth, nothing else can call
+        workers=args.workers,
+        redis_url=args.redis_url,
+        base_port=args.base_port,
+        ready_timeout_s=args.ready_timeout,
+    )
+    return Stack(config)
+
+
+def _stop(stack: Stack) -> dict[str, int]:
+    # A second Ctrl-C must not abandon half-stopped children; stopping is bounded by its own timeouts.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    print("stopping the mesh ...", flush=True)
+    codes = stack.stop()
+    bad = {name: code for name, code in codes.items() if code != 0}
+    print(
+        f"stopped; non-zero exit codes: {bad}" if bad else "stopped; every service exited with 0", flush=True
+    )
+    return codes
+
+
+def _up(args: argparse.Namespace) -> int:
+    stack = _stack(args)
+    code = 0
+    try:
+        print("starting the mesh ...", flush=True)
+        stack.start()
+        print(f"\ngateway: {stack.gateway_address}  (metadata authorization: Bearer {stack.config.api_key})")
+        print(format_process_table(stack.services))
+        print("\nrunning; Ctrl-C or SIGTERM stops it", flush=True)
+        while not (dead := stack.exited()):
+            time.sleep(0.5)
+        print(f"error: service(s) exited unexpectedly: {dead}; see logs in {stack.config.run_dir}")
+        code = 1
+    except ServiceStartError as err:
+        print(f"error: {err}", file=sys.stderr)
+        code = 1
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _stop(stack)
+    return code
+
+
+def _demo(args: argparse.Namespace) -> int:
+    batch_model = BATCH_MODEL if args.workers >= 2 else CHAT_MODEL  # only odd-numbered workers hold it
+    plan = plan_workload(args.requests, args.seed, args.rate, batch_model)
+    stack = _stack(args)
+    started = time.monotonic()
+    results: list[RequestResult] = []
+    try:
+        print("starting the mesh ...", flush=True)
+        stack.start()
+        print(f"\ngateway: {stack.gateway_address}\n{format_process_table(stack.services)}\n", flush=True)
+        results = asyncio.run(_drive(stack, args, plan))
+    except ServiceStartError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 1
+    finally:
+        dead = stack.exited()
+        codes = _stop(stack)
+    meta = _meta(args, stack, plan, codes, dead, time.monotonic() - started)
+    report = build_report(results, meta)
+    print("\n" + format_report(report))
+    print(f"\nreport: {write_report(report, args.report).resolve()}")
+    if dead:
+        print(f"warning: service(s) exited during the run: {dead}; logs in {stack.config.run_dir}")
+    return 0 if report["ok"] and not dead else 1
+
+
+async def _drive(stack: Stack, args: argparse.Namespace, plan: list[PlannedRequest]) -> list[RequestResult]:
+    # Imported here so `up` (which never drives traffic) does not need tqdm.
+    from services.mesh.progress import ClassProgress
+
+    w = args.workers
+    want = {CHAT_MODEL: w, EMBED_MODEL: w, **({BATCH_MODEL: w // 2} if w >= 2 else {})}
+    seen = await wait_for_models(stack.gateway_address, stack.config.api_key, want, timeout_s=30)
+    print(f"models (replicas): {seen}", flush=True)
+    options = DriveOptions(args.concurrency, args.request_timeout, args.time_budget)
+    with ClassProgress(plan, enabled=not args.no_progress) as progress:
+        return await drive(stack.gateway_address, stack.config.api_key, plan, options, progress.update)
+
+
+def _meta(
+    args: argparse.Namespace,
+    stack: Stack,
+    plan: list[PlannedRequest],
+    codes: dict[str, int],
+    dead: list[tuple[str, int]],
+    wall_s: float,
+) -> dict[str, Any]:
+    return {
+        "requests": len(plan),
+        "seed": args.seed,
+        "workers": args.workers,
+        "rate_rps": args.rate,
+        "concurrency": args.concurrency,
+        "gateway": stack.gateway_address,
+        "run_dir": str(stack.config.run_dir),
+        "wall_s": round(wall_s, 1),
+        "worker_models": {
+            f"worker-{i + 1}": list(stack.config.models.for_worker(i)) for i in range(args.workers)
+        },
+        "exit_codes": codes,
+        "exited_during_run": dict(dead),
+    }

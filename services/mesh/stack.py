@@ -1,0 +1,218 @@
+"""The local mesh's process lifecycle: Redis, placer, workers with telemetry, gateway; stopped in reverse."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from services.common.redis_server import RedisServer
+from services.mesh.models import ModelSet, models_env
+from services.mesh.process import ChildProcess
+
+ZONE = "z1"
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    """run_dir: logs and Redis files go here. redis_url: None starts a private Redis. base_port: None
+    lets every service bind port 0 (a free one); else ports are handed out upwards from it."""
+
+    run_dir: Path
+    models: ModelSet
+    api_key: str
+    workers: int = 2
+    redis_url: str | None = None
+    base_port: int | None = None
+    ready_timeout_s: float = 180.0
+    stop_timeout_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class ServiceInfo:
+    """One row of the process table; address/metrics_port are None where the service has none."""
+
+    name: str
+    pid: int
+    address: str | None
+    metrics_port: str | None
+    log_path: Path | None
+    detail: str = ""
+
+
+@dataclass
+class _Ports:
+    base: int | None
+    taken: int = 0
+
+    def take(self) -> int:
+        """Next port from base, or 0 (bind any free port) when no base was given."""
+        if self.base is None:
+            return 0
+        self.taken += 1
+        return self.base + self.taken - 1
+
+
+@dataclass
+class Stack:
+    """Start with start() (or `with`), stop with stop(); a half-started stack stops what it started."""
+
+    config: StackConfig
+    services: list[ServiceInfo] = field(default_factory=list)
+    gateway_address: str = ""
+    _tiers: list[list[ChildProcess]] = field(default_factory=list)  # start order; stopped reversed
+    _redis: RedisServer | None = None
+    _details: dict[str, str] = field(default_factory=dict)  # worker name -> topology and models
+
+    def __enter__(self) -> Stack:
+        self.start()
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None):
+        self.stop()
+
+    def start(self) -> None:
+        """Start every service and wait for its READY line; ServiceStartError names the one that failed."""
+        cfg = self.config
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        ports = _Ports(cfg.base_port)
+        redis_url = cfg.redis_url
+        if redis_url is None:
+            self._redis = RedisServer(cfg.run_dir, port=ports.take() or None)
+            self._redis.start()
+            redis_url = self._redis.url
+            pid = self._redis.process.pid if self._redis.process else 0
+            self.services.append(ServiceInfo("redis", pid, f"127.0.0.1:{self._redis.port}", None, None))
+        # A per-run key prefix keeps a shared --redis-url free of nodes left over from earlier runs.
+        prefix = f"hanzo-mesh-{cfg.run_dir.name}"
+        placer = self._start_tier(
+            [
+                self._child(
+                    "placer",
+                    "services.placer",
+                    "PLACER_READY",
+                    HANZO_PLACER_PORT=ports.take(),
+                    HANZO_PLACER_METRICS_PORT=ports.take(),
+                    HANZO_PLACER_REDIS_URL=redis_url,
+                    HANZO_PLACER_KEY_PREFIX=prefix,
+                )
+            ]
+        )[0]
+        placer_address = placer.ready["address"]
+        self._add_row(placer, f"redis {redis_url} prefix {prefix}")
+        workers = self._start_tier([self._worker(i, ports, placer_address) for i in range(cfg.workers)])
+        for w in workers:
+            self._add_row(w, self._details[w.name])
+        agents = [
+            self._child(
+                f"telemetry-{i + 1}",
+                "services.telemetry",
+                "TELEMETRY_READY",
+                HANZO_TELEMETRY_NODE_ID=w.ready.get("node_id", f"mesh-w{i + 1}"),
+                HANZO_TELEMETRY_PLACER_ADDRESS=placer_address,
+            )
+            for i, w in enumerate(workers)
+        ]
+        gateway = self._child(
+            "gateway",
+            "services.gateway",
+            "GATEWAY_READY",
+            HANZO_GATEWAY_PORT=ports.take(),
+            HANZO_GATEWAY_METRICS_PORT=ports.take(),
+            HANZO_GATEWAY_PLACER_ADDRESS=placer_address,
+            HANZO_GATEWAY_API_KEYS=cfg.api_key,
+            HANZO_GATEWAY_ZONE=ZONE,
+            HANZO_GATEWAY_RACK="r1",
+            HANZO_GATEWAY_HOSTNAME="mesh-gateway",
+        )
+        # Telemetry agents and the gateway start together: neither waits on the other.
+        self._tiers.append(agents)
+        self._tiers.append([gateway])
+        for agent in agents:
+            agent.wait_ready(cfg.ready_timeout_s)
+            self._add_row(agent, f"node {agent.ready.get('node_id')}, source {agent.ready.get('source')}")
+        gateway.wait_ready(cfg.ready_timeout_s)
+        self.gateway_address = gateway.ready["address"]
+        self._add_row(gateway, f"zone {ZONE} rack r1, API key required")
+
+    def exited(self) -> list[tuple[str, int]]:
+        """(name, exit code) of every child that has exited; empty while all run."""
+        return [(c.name, code) for tier in self._tiers for c in tier if (code := c.poll()) is not None]
+
+    def stop(self) -> dict[str, int]:
+        """SIGTERM each tier in reverse start order, wait, SIGKILL stragglers; returns exit codes by name."""
+        codes: dict[str, int] = {}
+        while self._tiers:
+            tier = self._tiers.pop()
+            for child in tier:  # the whole tier drains at once: gateway, then agents, workers, placer
+                child.terminate()
+            for child in tier:
+                codes[child.name] = child.wait_or_kill(self.config.stop_timeout_s)
+        if self._redis is not None:
+            self._redis.stop()
+            self._redis = None
+        return codes
+
+    def _worker(self, index: int, ports: _Ports, placer_address: str) -> ChildProcess:
+        models = self.config.models.for_worker(index)
+        node_id, rack, host = f"mesh-w{index + 1}", f"r{index % 2 + 1}", f"mesh-host-{index + 1}"
+        env: dict[str, str | int] = {
+            "HANZO_WORKER_PORT": ports.take(),
+            "HANZO_WORKER_METRICS_PORT": ports.take(),
+            "HANZO_WORKER_NODE_ID": node_id,
+            "HANZO_WORKER_PLACER_ADDRESS": placer_address,
+            "HANZO_WORKER_MODELS": models_env(models),
+            "HANZO_WORKER_ZONE": ZONE,
+            "HANZO_WORKER_RACK": rack,
+            "HANZO_WORKER_HOSTNAME": host,
+        }
+        if "OMP_NUM_THREADS" not in os.environ:
+            # Each worker's torch would otherwise start one thread per core and the workers would fight
+            # over the same cores; split them instead.
+            env["OMP_NUM_THREADS"] = max(1, (os.cpu_count() or 1) // self.config.workers)
+        child = self._child(f"worker-{index + 1}", "services.worker", "WORKER_READY", **env)
+        self._details[child.name] = f"{ZONE}/{rack}/{host}, models {', '.join(models)}"
+        return child
+
+    def _child(self, name: str, module: str, ready_prefix: str, **env: str | int) -> ChildProcess:
+        log_path = self.config.run_dir / f"{name}.log"
+        return ChildProcess(name, module, {k: str(v) for k, v in env.items()}, ready_prefix, log_path)
+
+    def _start_tier(self, children: list[ChildProcess]) -> list[ChildProcess]:
+        # Registered before waiting, so a failure while waiting still stops the whole tier.
+        self._tiers.append(children)
+        for child in children:
+            child.wait_ready(self.config.ready_timeout_s)
+        return children
+
+    def _add_row(self, child: ChildProcess, detail: str) -> None:
+        metrics = child.ready.get("metrics_port")
+        self.services.append(
+            ServiceInfo(
+                child.name,
+                child.pid,
+                child.ready.get("address"),
+                None if metrics in (None, "None") else metrics,
+                child.log_path,
+                detail,
+            )
+        )
+
+
+def new_run_dir(root: Path) -> Path:
+    """A fresh root/run-<timestamp>-<pid> directory (the pid keeps two runs in one second apart)."""
+    path = Path(root).resolve() / f"run-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    path.mkdir(parents=True, exist_ok=False)
+    return path
+
+
+def format_process_table(services: list[ServiceInfo]) -> str:
+    """Fixed-width text table: name, pid, address, metrics port, detail."""
+    rows = [("service", "pid", "address", "metrics", "detail")]
+    rows += [(s.name, str(s.pid), s.address or "-", s.metrics_port or "-", s.detail) for s in services]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in rows
+    )

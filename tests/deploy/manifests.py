@@ -1,0 +1,184 @@
+"""The deploy files parsed once, and the questions the tests ask of them: which module a container runs,
+its environment, its ports. Compose and Kubernetes semantics (entrypoint/command, envFrom) as the
+tools apply them, so the tests see what would run."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+IMAGE_WORKDIR = "/app"  # WORKDIR of deploy/Dockerfile: the repo root inside the image
+MESH_IMAGE = "hanzo-mesh"
+# Default gRPC port of each serving module (deploy/SERVICES.md); telemetry serves nothing.
+GRPC_PORTS = {"services.gateway": 50050, "services.placer": 50051, "services.worker": 50061}
+TELEMETRY = "services.telemetry"
+
+
+class ComposeLoader(yaml.SafeLoader):
+    """SafeLoader that also reads Compose's merge tags (!reset, !override) as plain values."""
+
+
+ComposeLoader.add_constructor("!reset", lambda loader, node: None)
+ComposeLoader.add_constructor(
+    "!override",
+    lambda loader, node: (
+        loader.construct_sequence(node)
+        if isinstance(node, yaml.SequenceNode)
+        else loader.construct_mapping(node)
+    ),
+)
+
+
+def load_compose(name: str) -> dict[str, Any]:
+    return yaml.load((DEPLOY / name).read_text(), Loader=ComposeLoader)
+
+
+COMPOSE = load_compose("docker-compose.yml")
+COMPOSE_CPU = load_compose("docker-compose.cpu.yml")
+K8S_FILES = sorted(p for p in K8S.glob("*.y*ml") if p.name != "kustomization.yaml")
+K8S_DOCS = [doc for path in K8S_FILES for doc in yaml.safe_load_all(path.read_text()) if doc]
+KUSTOMIZATION = yaml.safe_load((K8S / "kustomization.yaml").read_text())
+DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
+
+
+def interpolate(text: str) -> str:
+    """Compose variable syntax with nothing set: ${X:-d} and ${X-d} give d, ${X} gives ""."""
+    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", text)
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    lines = [ln for ln in DOCKERFILE.splitlines() if not ln.lstrip().startswith("#")]
+    joined = re.sub(r"\\\n", " ", "\n".join(lines))
+    return [
+        (parts[0].upper(), parts[1] if len(parts) > 1 else "")
+        for ln in joined.splitlines()
+        if (parts := ln.strip().split(None, 1))
+    ]
+
+
+def dockerfile_exec_form(instruction: str) -> list[str]:
+    values = [json.loads(args) for name, args in dockerfile_instructions() if name == instruction]
+    assert values, f"deploy/Dockerfile has no exec-form {instruction}"
+    return values[-1]
+
+
+def dockerfile_env() -> dict[str, str]:
+    env: dict[str, str] = {}
+    for name, args in dockerfile_instructions():
+        if name == "ENV":
+            env.update(token.split("=", 1) for token in shlex.split(args))
+    return env
+
+
+ENTRYPOINT = dockerfile_exec_form("ENTRYPOINT")
+CMD = dockerfile_exec_form("CMD")
+
+
+def module_of(argv: list[str]) -> str | None:
+    """The X of `python -m X ...`, or None."""
+    return argv[argv.index("-m") + 1] if "-m" in argv[:-1] else None
+
+
+# ---------------------------------------------------------------- compose model
+
+
+def compose_services() -> dict[str, dict[str, Any]]:
+    return COMPOSE["services"]
+
+
+def is_mesh(service: dict[str, Any]) -> bool:
+    return str(service.get("image", "")).startswith(MESH_IMAGE)
+
+
+def compose_argv(service: dict[str, Any]) -> list[str]:
+    entrypoint = service.get("entrypoint", ENTRYPOINT)
+    command = service.get("command", CMD if "entrypoint" not in service else [])
+    return [*entrypoint, *command]
+
+
+def compose_env(service: dict[str, Any]) -> dict[str, str]:
+    env = service.get("environment") or {}
+    assert isinstance(env, dict), "write environment as a mapping, so overrides merge by name"
+    return {k: interpolate(str(v)) for k, v in env.items()}
+
+
+def mesh_services(module: str | None = None) -> dict[str, dict[str, Any]]:
+    return {
+        name: svc
+        for name, svc in compose_services().items()
+        if is_mesh(svc) and (module is None or module_of(compose_argv(svc)) == module)
+    }
+
+
+def gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:
+    deploy = service.get("deploy") or {}
+    return ((deploy.get("resources") or {}).get("reservations") or {}).get("devices") or []
+
+
+def container_port(mapping: str) -> int:
+    """The container side of a compose port mapping ("HOST:CONTAINER" or "CONTAINER")."""
+    return int(interpolate(str(mapping)).split(":")[-1].split("/")[0])
+
+
+def grpc_port(module: str, env: dict[str, str]) -> int:
+    """The port the module listens on: its *_PORT variable, else the contract's default."""
+    prefix = "HANZO_" + module.removeprefix("services.").upper() + "_"
+    return int(env.get(prefix + "PORT", GRPC_PORTS[module]))
+
+
+def metrics_port(module: str, env: dict[str, str]) -> int | None:
+    value = env.get("HANZO_" + module.removeprefix("services.").upper() + "_METRICS_PORT")
+    return int(value) if value else None
+
+
+# ---------------------------------------------------------------- kubernetes model
+
+
+def workloads() -> list[dict[str, Any]]:
+    return [d for d in K8S_DOCS if d["kind"] in ("Deployment", "DaemonSet", "StatefulSet")]
+
+
+def containers() -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    for workload in workloads():
+        for container in workload["spec"]["template"]["spec"]["containers"]:
+            yield workload, container
+
+
+def k8s_argv(container: dict[str, Any]) -> list[str]:
+    # Kubernetes: `command` replaces ENTRYPOINT and then drops CMD; `args` replaces CMD.
+    if "command" in container:
+        return [*container["command"], *container.get("args", [])]
+    return [*ENTRYPOINT, *container.get("args", CMD)]
+
+
+def configmaps() -> dict[str, dict[str, str]]:
+    return {d["metadata"]["name"]: d.get("data", {}) for d in K8S_DOCS if d["kind"] == "ConfigMap"}
+
+
+def k8s_env(container: dict[str, Any]) -> dict[str, Any]:
+    """Literal values as strings, valueFrom sources as their dicts; envFrom ConfigMaps resolved first."""
+    env: dict[str, Any] = {}
+    maps = configmaps()
+    for source in container.get("envFrom", []):
+        env.update(maps[source["configMapRef"]["name"]])
+    for item in container.get("env", []):
+        env[item["name"]] = item.get("value", item.get("valueFrom"))
+    return env
+
+
+def mesh_containers(module: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    return [
+        (w, c)
+        for w, c in containers()
+        if c["image"].split(":")[0] == MESH_IMAGE and (module is None or module_of(k8s_argv(c)) == module)
+    ]
