@@ -3,6 +3,7 @@ worker; mid-stream the caller gets UNAVAILABLE saying how many tokens it got, no
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,3 +103,23 @@ async def test_worker_killed_mid_stream_ends_with_unavailable_and_no_repeats(
         details = err.value.details()
         assert f"after {len(received)} tokens were sent" in details and "nothing is repeated" in details
         assert 5 <= len(received) < LONG.max_tokens
+
+
+async def test_sigterm_drains_in_flight_streams(process_mesh: ProcessMesh) -> None:
+    await _registered(process_mesh)
+    medium = inference_pb2.SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
+    async with grpc.aio.insecure_channel(process_mesh.gateway.ready["address"]) as channel:
+        inference = inference_pb2_grpc.InferenceStub(channel)
+        call = inference.Generate(
+            inference_pb2.GenerateRequest(model="llama", prompt="drain me", sampling=medium)
+        )
+        received: list[int] = []
+        stopping = None
+        async for response in call:
+            received += response.token_ids
+            if stopping is None:
+                worker = process_mesh.workers[response.node_id]
+                # Graceful stop while the stream runs: the stream still completes.
+                stopping = asyncio.create_task(asyncio.to_thread(worker.stop))
+        assert len(received) == medium.max_tokens
+        assert stopping is not None and await stopping == 0
