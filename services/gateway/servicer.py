@@ -46,6 +46,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        started = time.monotonic()  # TTFT as the caller sees it: validation and classification included
         with self.tracer.start_as_current_span("classify") as span:
             workload = classify_generate(request, dict(context.invocation_metadata() or ()))
             span.set_attribute("hanzo.workload_class", workload.name)
@@ -58,7 +59,6 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             {"gen_ai.request.model": request.model, "hanzo.workload_class": workload.name,
              "hanzo.request_id": forwarded.request_id}
         )  # fmt: skip
-        started = time.monotonic()
         excluded: list[str] = []
         last_error: grpc.aio.AioRpcError | None = None
         for attempt in range(self.settings.max_attempts):
