@@ -240,12 +240,7 @@ async def test_driver_against_fake_gateway() -> None:
 
 # --- the whole demo -----------------------------------------------------------------------------
 
-_MISSING = [
-    m for m in ("services/worker/__main__.py", "services/gateway/__main__.py") if not (ROOT / m).exists()
-]
 
-
-@pytest.mark.skipif(bool(_MISSING), reason=f"the demo needs the worker and gateway; missing: {_MISSING}")
 def test_demo_end_to_end(tmp_path: Path) -> None:
     report_path = tmp_path / "report.json"
     argv = ["demo", "--workers", "2", "--requests", "24", "--no-progress"]

@@ -1,0 +1,39 @@
+"""The `python -m services.X` lifecycle every service shares: start, announce readiness, wait for
+SIGINT/SIGTERM, stop gracefully."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from collections.abc import Callable
+from typing import Protocol, TypeVar
+
+
+class Service(Protocol):
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+S = TypeVar("S", bound=Service)
+
+
+async def serve(make_app: Callable[[], S], ready_line: Callable[[S], str]) -> None:
+    """Build the app inside the event loop, start it, print its one readiness line, run until signalled."""
+    app = make_app()
+    await app.start()
+    # One machine-readable line, so launchers and tests learn the ports that port 0 picked.
+    print(ready_line(app), flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await app.stop()
+
+
+def run(make_app: Callable[[], S], ready_line: Callable[[S], str]) -> None:
+    """Entry point body of a service's __main__."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(serve(make_app, ready_line))
