@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from services.worker.engine.errors import EngineDeadError, InvalidRequestError
 from services.worker.engine.llm_engine import LLMEngine
-from services.worker.engine.outputs import RequestOutput
+from services.worker.engine.outputs import RequestOutput, merge
 from services.worker.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,11 @@ class AsyncLLM:
             await asyncio.wrap_future(done)
             while True:
                 item = await stream.get()
+                # A consumer that fell behind gets everything queued in one output: fewer, larger
+                # messages downstream exactly when the process is too busy to send one per token.
+                while not isinstance(item, BaseException) and not item.finished and not stream.empty():
+                    following = stream.get_nowait()
+                    item = following if isinstance(following, BaseException) else merge(item, following)
                 if isinstance(item, BaseException):
                     finished = True
                     raise item

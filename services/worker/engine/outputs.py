@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from services.worker.engine.sequence import FinishReason, Sequence
@@ -77,4 +78,13 @@ def make_output(seq: Sequence, new_token_ids: list[int], new_text: str) -> Reque
     )
 
 
-__all__ = ["FinishReason", "RequestOutput", "TextState", "make_output"]
+def merge(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
+    """Two consecutive outputs of one request as one: deltas joined, state from the later."""
+    return dataclasses.replace(
+        later,
+        new_token_ids=earlier.new_token_ids + later.new_token_ids,
+        new_text=earlier.new_text + later.new_text,
+    )
+
+
+__all__ = ["FinishReason", "RequestOutput", "TextState", "make_output", "merge"]

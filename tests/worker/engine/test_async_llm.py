@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 
 import pytest
@@ -64,9 +65,11 @@ async def test_cancelled_client_frees_kv_at_once(engine: LLMEngine) -> None:
 async def test_abort_ends_stream_with_abort_reason(engine: LLMEngine) -> None:
     async with AsyncLLM(engine) as llm:
         reasons = []
+        aborted = False
         async for out in llm.generate(list(range(5, 50)), LONG, request_id="to-abort"):
-            if out.num_output_tokens == 3:
+            if out.num_output_tokens >= 3 and not aborted:
                 llm.abort("to-abort")
+                aborted = True
             reasons.append(out.finish_reason)
         assert reasons[-1] == "abort"
         await asyncio.wait_for(llm.wait_idle(), timeout=30)
@@ -82,3 +85,17 @@ async def test_breaking_out_of_a_stream_aborts(engine: LLMEngine) -> None:
         await asyncio.wait_for(llm.wait_idle(), timeout=30)
     assert engine.block_manager.num_used_blocks == 0
     assert not engine.has_unfinished_requests()
+
+
+async def test_a_busy_consumer_gets_coalesced_outputs(engine: LLMEngine, llama_gqa_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    prompt = list(range(5, 40))
+    async with AsyncLLM(engine) as llm:
+        outputs = []
+        async for out in llm.generate(prompt, params):
+            outputs.append(out)
+            time.sleep(0.02)  # a busy process: the engine runs ahead of this consumer
+    tokens = [t for out in outputs for t in out.new_token_ids]
+    assert tokens == LLM(llama_gqa_dir).generate([prompt], params)[0].token_ids
+    assert len(outputs) < len(tokens)  # several tokens per output once it fell behind
+    assert outputs[-1].finished and outputs[-1].num_output_tokens == 60
