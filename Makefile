@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	# torch first and pinned, so that no several-GB CUDA build is pulled in by a range.
 	$(PY) -m pip install --quiet "torch==2.13.0"
 	# The generated package must exist before the editable install, which maps only the packages it finds.
-	$(PY) -m pip install --quiet "grpcio-tools>=1.85,<1.86"
+	$(PY) -m pip install --quiet "grpcio-tools>=1.85,<1.86" "mypy-protobuf>=3.6"
 	$(PY) -m services.common.protogen
 	$(PY) -m pip install --quiet -e ".[build,test]"
 	touch $(STAMP)

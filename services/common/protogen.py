@@ -25,13 +25,19 @@ def generate(out_dir: Path = ROOT) -> list[Path]:
 
     files = proto_files()
     include = Path(protoc.__file__).parent / "_proto"  # google/protobuf well-known types
+    # mypy-protobuf's plugin types the gRPC stubs and servicers (protoc's --pyi_out covers messages only).
+    grpc_stubs_plugin = Path(sys.executable).parent / "protoc-gen-mypy_grpc"
+    if not grpc_stubs_plugin.exists():
+        raise RuntimeError(f"{grpc_stubs_plugin} missing: install the build extra (pip install '.[build]')")
     args = [
         "protoc",
         f"-I{PROTO_ROOT}",
         f"-I{include}",
+        f"--plugin=protoc-gen-mypy_grpc={grpc_stubs_plugin}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",
+        f"--mypy_grpc_out=quiet:{out_dir}",
         *(str(f.relative_to(PROTO_ROOT)) for f in files),
     ]
     if protoc.main(args) != 0:
@@ -42,9 +48,8 @@ def generate(out_dir: Path = ROOT) -> list[Path]:
         # Regular packages (an __init__.py at each level) so setuptools and type checkers find them.
         for depth in range(1, len(package.parts) + 1):
             (out_dir.joinpath(*package.parts[:depth]) / "__init__.py").touch()
-        written += [
-            out_dir / package / f"{f.stem}{suffix}" for suffix in ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
-        ]
+        suffixes = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py", "_pb2_grpc.pyi")
+        written += [out_dir / package / f"{f.stem}{suffix}" for suffix in suffixes]
     return written
 
 
