@@ -8,7 +8,7 @@ the real path: one gRPC Heartbeat per worker and one StreamTelemetry sample per 
 (which writes Redis and publishes). An in-process PlacerApp on the same Redis syncs from it. While picks are
 measured, bench/placer_telemetry_load.py (its own process) writes GPU samples through
 ClusterStore.write_thermal at --telemetry-rate, so both placers apply that many pub/sub events per second.
-Measured: PlacerServicer.pick in-process (picks in ~2 ms bursts with an `await asyncio.sleep(0)` between, so
+Measured: PlacerReplica.pick in-process (picks in ~2 ms bursts with an `await asyncio.sleep(0)` between, so
 the loop applies events), Pick over loopback gRPC (serial, then 32 in flight), and bench/placer_naive.py.
 """
 
@@ -126,7 +126,7 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
             naive = NaivePicker(inprocess.app.store.client, Keys(), seed=args.seed)
             agreed, checked = await naive_agreement(inprocess, naive, requests[:40])
             result["naive_agrees"] = f"{agreed}/{checked}"
-            log(f"naive picker agrees with PlacerServicer.pick on the best total in {agreed}/{checked}")
+            log(f"naive picker agrees with PlacerReplica.pick on the best total in {agreed}/{checked}")
 
             load = start_telemetry_load(
                 redis.url, args.telemetry_rate, shape.nodes, shape.gpus_per_node, 3 * HEARTBEAT_INTERVAL_S,

@@ -1,5 +1,5 @@
 """The in-process placer of bench/placer.py: a real PlacerApp on the bench's event loop, its sync costs,
-and PlacerServicer.pick measured while the loop keeps applying pub/sub events."""
+and PlacerReplica.pick measured while the loop keeps applying pub/sub events."""
 
 from __future__ import annotations
 
@@ -68,7 +68,7 @@ class InProcessPlacer:
 
     async def costs(self, requests: Sequence[placer_pb2.PickRequest]) -> dict[str, float]:
         """Median cost of one full resync (ms; it blocks the loop each resync interval), of view.expire()
-        (us; PlacerServicer.pick calls it on every pick), of applying one thermal sample (us) and of
+        (us; PlacerReplica.pick calls it on every pick), of applying one thermal sample (us) and of
         Picker.pick alone (us)."""
         view, picker = self.app.view, self.app.picker
         resync_ms = []
@@ -112,12 +112,12 @@ class InProcessPlacer:
     async def measure(
         self, requests: Sequence[placer_pb2.PickRequest], duration_s: float
     ) -> tuple[Timed, int]:
-        """PlacerServicer.pick for duration_s (after a warm-up), and how many pub/sub thermal events the
-        view applied meanwhile."""
-        servicer = self.app.servicer
-        await inprocess_picks(servicer.pick, requests, 0.5, BURST_S)
+        """PlacerReplica.pick (what the Pick RPC runs) for duration_s (after a warm-up), and how many
+        pub/sub thermal events the view applied meanwhile."""
+        replica = self.app.replica
+        await inprocess_picks(replica.pick, requests, 0.5, BURST_S)
         before = self.events
-        timed = await inprocess_picks(servicer.pick, requests, duration_s, BURST_S)
+        timed = await inprocess_picks(replica.pick, requests, duration_s, BURST_S)
         return timed, self.events - before
 
     async def stop(self) -> None:
@@ -128,14 +128,14 @@ async def naive_agreement(
     placer: InProcessPlacer, naive: NaivePicker, requests: Sequence[placer_pb2.PickRequest]
 ) -> tuple[int, int]:
     """(agreeing, checked): requests (prefix hash cleared, so neither side's prefix memory matters) on which
-    the naive picker finds the same best total and the same number of candidates as PlacerServicer.pick.
+    the naive picker finds the same best total and the same number of candidates as PlacerReplica.pick.
     Run while no telemetry flows, so both read the same state."""
     agreed = 0
     for request in requests:
         plain = placer_pb2.PickRequest()
         plain.CopyFrom(request)
         plain.prefix_hash = 0
-        ours = placer.app.servicer.pick(plain)
+        ours = placer.app.replica.pick(plain)
         theirs = await naive.pick(plain)
         if (
             theirs is not None

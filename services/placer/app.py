@@ -14,15 +14,11 @@ from prometheus_client import start_http_server
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
 from services.common.tracing import make_tracer_provider
-from services.placer.cluster.schema import Keys
-from services.placer.cluster.store import ClusterStore
-from services.placer.cluster.view import ClusterView, SyncSettings
 from services.placer.config import PlacerSettings
-from services.placer.demand import DemandCounter, demand_rates
+from services.placer.demand import demand_rates
 from services.placer.metrics import PlacerMetrics
-from services.placer.pick.framework import Picker
-from services.placer.pick.weights import ClassWeights
 from services.placer.placement import plan_replicas
+from services.placer.replica import PlacerReplica
 from services.placer.servicer import PlacerServicer
 
 log = logging.getLogger(__name__)
@@ -40,13 +36,15 @@ class PlacerApp:
         self.tracer_provider = tracer_provider or make_tracer_provider("hanzo-placer")
         self.instance_id = uuid.uuid4().hex[:12]
         self.metrics = PlacerMetrics()
-        self.store = ClusterStore(settings.redis_url, Keys(settings.key_prefix))
-        self.view = ClusterView(self.store, SyncSettings(resync_interval_s=settings.resync_interval_s))
-        self.picker = Picker(ClassWeights.from_config(settings.class_weights))
-        self.demand = DemandCounter()
-        self.servicer = PlacerServicer(
-            settings, self.store, self.view, self.picker, self.demand, self.metrics
+        self.replica = PlacerReplica(
+            settings.redis_url,
+            settings.key_prefix,
+            settings.resync_interval_s,
+            settings.class_weights,
+            self.metrics,
         )
+        self.store, self.view, self.demand = self.replica.store, self.replica.view, self.replica.demand
+        self.servicer = PlacerServicer(settings, self.replica)
         self.server = new_server(self.tracer_provider)
         placer_pb2_grpc.add_PlacerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
@@ -55,7 +53,7 @@ class PlacerApp:
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
-        await self.view.start()
+        await self.replica.start()
         await self.server.start()
         await set_serving(self.health, ["", SERVICE_NAME], True)
         if self.settings.metrics_port is not None:
@@ -76,8 +74,7 @@ class PlacerApp:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.server.stop(grace_s)
-        await self.view.stop()
-        await self.store.close()
+        await self.replica.stop()
         self.tracer_provider.shutdown()
 
     async def _freshness_loop(self) -> None:

@@ -1,0 +1,115 @@
+"""One placer replica's decision-making, without a server: a Redis-fed cluster view, the picker and
+local demand counts. The Placer service wraps it; a gateway may embed one to pick in-process (placers
+are stateless readers of Redis, so an embedded replica decides exactly as a remote one would)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from hanzo.inference.v1 import placer_pb2
+from services.common.errors import InvalidArgument, NotFound, Unavailable
+from services.common.workload import WorkloadClass
+from services.placer.cluster.schema import Keys
+from services.placer.cluster.store import ClusterStore
+from services.placer.cluster.view import ClusterView, SyncSettings
+from services.placer.demand import DemandCounter
+from services.placer.metrics import PlacerMetrics
+from services.placer.pick.framework import Picker
+from services.placer.pick.query import PickQuery
+from services.placer.pick.weights import ClassWeights
+
+
+class PlacerReplica:
+    """`await start()` syncs the view and keeps it fresh; `pick()` decides from memory."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        key_prefix: str,
+        resync_interval_s: float,
+        class_weights: dict[str, dict[str, float]],
+        metrics: PlacerMetrics,
+    ) -> None:
+        self.store = ClusterStore(redis_url, Keys(key_prefix))
+        self.view = ClusterView(self.store, SyncSettings(resync_interval_s=resync_interval_s))
+        self.picker = Picker(ClassWeights.from_config(class_weights))
+        self.demand = DemandCounter()
+        self.metrics = metrics
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def start(self, demand_window_s: float | None = None) -> None:
+        """Sync the view; with demand_window_s, also publish local demand to Redis every window (an
+        embedded replica has no planner loop of its own to do it)."""
+        await self.view.start()
+        if demand_window_s is not None:
+            self._flusher = asyncio.create_task(self._flush_demand(demand_window_s), name="demand-flush")
+
+    async def stop(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        await self.view.stop()
+        await self.store.close()
+
+    def pick(self, request: placer_pb2.PickRequest) -> placer_pb2.PickReply:
+        """One decision from the current snapshot; synchronous so the snapshot cannot change under it."""
+        if not request.model:
+            raise InvalidArgument("model", "is empty; name the model to serve")
+        try:
+            workload = WorkloadClass(request.workload_class)
+        except ValueError:
+            raise InvalidArgument("workload_class", f"unknown value {request.workload_class}") from None
+        view = self.view
+        view.expire()
+        if not view.synced_once and not view.nodes:
+            raise Unavailable("cluster state unknown: Redis has not been read yet; retry shortly")
+        query = PickQuery(
+            model=request.model,
+            workload_class=workload,
+            caller_zone=request.caller.zone,
+            caller_rack=request.caller.rack,
+            caller_host=request.caller.host,
+            prefix_hash=request.prefix_hash or None,
+            prompt_tokens=request.prompt_tokens,
+            exclude=frozenset(request.exclude_nodes),
+            now_s=time.time(),
+            explain_top=request.explain_top or 3,
+        )
+        start = time.perf_counter()
+        result = self.picker.pick(view.snapshot, query)
+        self.metrics.pick_seconds.observe(time.perf_counter() - start)
+        self.demand.record(request.model)
+        if result is None:
+            self.metrics.picks.labels(workload.name, "none").inc()
+            if view.snapshot.model_columns(request.model) is None:
+                raise NotFound(f"model {request.model!r} is not served by any worker in the cluster")
+            raise Unavailable(f"no healthy worker can take model {request.model!r} now; retry shortly")
+        self.metrics.picks.labels(workload.name, "picked").inc()
+        return placer_pb2.PickReply(
+            node_id=result.node_id,
+            address=result.address,
+            workload_class=int(workload),
+            stale=view.stale,
+            considered=result.considered,
+            candidates=[
+                placer_pb2.ScoredCandidate(node_id=c.node_id, total=c.total, scores=c.scores)
+                for c in result.candidates
+            ],
+        )
+
+    def list_nodes(self, node_ids: list[str]) -> placer_pb2.ListNodesReply:
+        """The view's nodes (all, or just node_ids), flagged stale when Redis could not be read."""
+        self.view.expire()
+        nodes = self.view.nodes
+        wanted = node_ids or sorted(nodes)
+        return placer_pb2.ListNodesReply(
+            nodes=[nodes[n].report for n in wanted if n in nodes], stale=self.view.stale
+        )
+
+    async def _flush_demand(self, window_s: float) -> None:
+        while True:
+            await asyncio.sleep(window_s)
+            with contextlib.suppress(Exception):  # Redis down: counts stay local for the next flush
+                await self.demand.flush(self.store, time.time(), window_s)
