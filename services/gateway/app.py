@@ -15,6 +15,8 @@ from services.gateway.config import GatewaySettings
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.servicer import InferenceServicer
 from services.gateway.upstream import Upstream
+from services.placer.metrics import PlacerMetrics
+from services.placer.replica import PlacerReplica
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +29,16 @@ class GatewayApp:
         self.tracer_provider = tracer_provider or make_tracer_provider("hanzo-gateway")
         self.metrics = GatewayMetrics()
         topology = common_pb2.Topology(zone=settings.zone, rack=settings.rack, host=settings.hostname)
-        self.upstream = Upstream(settings.placer_address, self.tracer_provider, topology)
+        self.replica: PlacerReplica | None = None
+        if settings.placement == "embedded":
+            self.replica = PlacerReplica(
+                settings.redis_url,
+                settings.key_prefix,
+                settings.resync_interval_s,
+                {},
+                PlacerMetrics(self.metrics.registry),
+            )
+        self.upstream = Upstream(settings.placer_address, self.tracer_provider, topology, self.replica)
         auth = (ApiKeyInterceptor(settings.api_keys),) if settings.api_keys else ()
         if not settings.api_keys:
             log.warning("no API keys configured (HANZO_GATEWAY_API_KEYS): the gateway is OPEN to any caller")
@@ -40,16 +51,21 @@ class GatewayApp:
         self.metrics_port: int | None = None
 
     async def start(self) -> None:
+        if self.replica is not None:
+            await self.replica.start(demand_window_s=self.settings.demand_window_s)
         await self.server.start()
         await set_serving(self.health, ["", SERVICE_NAME], True)
         if self.settings.metrics_port is not None:
             http_server, _ = start_http_server(self.settings.metrics_port, registry=self.metrics.registry)
             self.metrics_port = http_server.server_port
-        log.info("gateway listening on %s (placer %s)", self.address, self.settings.placer_address)
+        where = "embedded replica" if self.replica else self.settings.placer_address
+        log.info("gateway listening on %s (placement: %s)", self.address, where)
 
     async def stop(self) -> None:
         """Health NOT_SERVING first (load balancers move on), then in-flight streams get drain_timeout_s."""
         await set_serving(self.health, ["", SERVICE_NAME], False)
         await self.server.stop(self.settings.drain_timeout_s)
         await self.upstream.close()
+        if self.replica is not None:
+            await self.replica.stop()
         self.tracer_provider.shutdown()

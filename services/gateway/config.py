@@ -26,6 +26,17 @@ class GatewaySettings:
     rack: str = ""
     hostname: str = field(default_factory=socket.gethostname)
     drain_timeout_s: float = 10.0
+    # "remote": ask the placer service per request. "embedded": run a placer replica in this process,
+    # fed from Redis like any placer, and pick without a network hop.
+    placement: str = "remote"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    key_prefix: str = "hanzo"
+    resync_interval_s: float = 5.0
+    demand_window_s: float = 5.0
+
+    def __post_init__(self) -> None:
+        if self.placement not in ("remote", "embedded"):
+            raise ValueError(f"HANZO_GATEWAY_PLACEMENT={self.placement!r}: use remote or embedded")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> GatewaySettings:
@@ -44,4 +55,9 @@ class GatewaySettings:
             rack=env_str(environ, p + "RACK", ""),
             hostname=env_str(environ, p + "HOSTNAME", socket.gethostname()),
             drain_timeout_s=env_float(environ, p + "DRAIN_TIMEOUT_S", cls.drain_timeout_s, 0.0),
+            placement=env_str(environ, p + "PLACEMENT", cls.placement),
+            redis_url=env_str(environ, p + "REDIS_URL", cls.redis_url),
+            key_prefix=env_str(environ, p + "KEY_PREFIX", cls.key_prefix),
+            resync_interval_s=env_float(environ, p + "RESYNC_INTERVAL_S", cls.resync_interval_s, 0.01),
+            demand_window_s=env_float(environ, p + "DEMAND_WINDOW_S", cls.demand_window_s, 0.01),
         )

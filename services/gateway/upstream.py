@@ -11,6 +11,7 @@ from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc, worker_p
 from services.common.errors import NotFound, ServiceError, Unavailable
 from services.common.tracing import client_interceptors
 from services.common.workload import WorkloadClass
+from services.placer.replica import PlacerReplica
 
 
 def prefix_hash(prompt: str | list[int]) -> int:
@@ -28,9 +29,17 @@ def relay(error: grpc.aio.AioRpcError, what: str) -> ServiceError:
 
 
 class Upstream:
+    """local: an embedded placer replica to pick with in-process; None asks the placer service."""
+
     def __init__(
-        self, placer_address: str, tracer_provider: TracerProvider, topology: common_pb2.Topology
+        self,
+        placer_address: str,
+        tracer_provider: TracerProvider,
+        topology: common_pb2.Topology,
+        local: PlacerReplica | None = None,
     ) -> None:
+        self.local = local
+        self._tracer = tracer_provider.get_tracer("hanzo.gateway")
         self._interceptors = client_interceptors(tracer_provider)
         self._placer_channel = grpc.aio.insecure_channel(placer_address, interceptors=self._interceptors)
         self.placer = placer_pb2_grpc.PlacerStub(self._placer_channel)
@@ -63,6 +72,9 @@ class Upstream:
             prefix_hash=prefix_hash(prompt) if prompt else 0,
             prompt_tokens=len(prompt) if isinstance(prompt, list) else 0,
         )
+        if self.local is not None:
+            with self._tracer.start_as_current_span("pick", attributes={"hanzo.placement": "embedded"}):
+                return self.local.pick(request)  # raises NotFound / Unavailable / InvalidArgument itself
         try:
             return await self.placer.Pick(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as error:
@@ -73,6 +85,8 @@ class Upstream:
             raise Unavailable(f"no worker available for {model!r}: {error.details()}") from None
 
     async def list_nodes(self, timeout_s: float) -> placer_pb2.ListNodesReply:
+        if self.local is not None:
+            return self.local.list_nodes([])
         try:
             return await self.placer.ListNodes(placer_pb2.ListNodesRequest(), timeout=timeout_s)
         except grpc.aio.AioRpcError as error:

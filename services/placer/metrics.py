@@ -6,8 +6,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 class PlacerMetrics:
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        """registry: where to register (a gateway embedding a replica passes its own); None: a new one."""
+        self.registry = registry or CollectorRegistry()
         self.picks = Counter(
             "hanzo_placer_picks",
             "Pick decisions by workload class and outcome",

@@ -39,7 +39,11 @@ class Mesh:
 
 @contextlib.asynccontextmanager
 async def running_mesh(
-    redis_url: str, model_dirs: dict[str, Path], workers: int = 2, **worker_overrides: object
+    redis_url: str,
+    model_dirs: dict[str, Path],
+    workers: int = 2,
+    placement: str = "remote",
+    **worker_overrides: object,
 ) -> AsyncIterator[Mesh]:
     spans = InMemorySpanExporter()
     placer = PlacerApp(
@@ -59,7 +63,13 @@ async def running_mesh(
         apps.append(app)
     gateway = GatewayApp(
         GatewaySettings(
-            port=0, placer_address=placer.address, api_keys=frozenset({API_KEY}), drain_timeout_s=1.0
+            port=0,
+            placer_address=placer.address,
+            api_keys=frozenset({API_KEY}),
+            drain_timeout_s=1.0,
+            placement=placement,
+            redis_url=redis_url,
+            resync_interval_s=0.5,
         ),
         make_tracer_provider("hanzo-gateway", spans),
     )
@@ -70,6 +80,12 @@ async def running_mesh(
         return len(placer.view.nodes) == workers
 
     await eventually(registered, 20, "every worker registered with the placer")
+    if gateway.replica is not None:
+
+        async def seen_by_gateway() -> bool:
+            return len(gateway.replica.view.nodes) == workers
+
+        await eventually(seen_by_gateway, 20, "the gateway's embedded replica sees every worker")
     try:
         yield Mesh(placer, apps, gateway, spans, inference_pb2_grpc.InferenceStub(channel), model_dirs)
     finally:

@@ -4,15 +4,17 @@ listing, classification, every status code, cancellation freeing KV, and one tra
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import grpc
 import numpy as np
 import pytest
 
 from hanzo.inference.v1 import common_pb2, inference_pb2, worker_pb2
+from services.common.redis_server import RedisServer
 from services.worker.engine import LLM, SamplingParams
 from services.worker.engine.embedding import EmbeddingEngine
-from tests.mesh_e2e.conftest import AUTH, Mesh
+from tests.mesh_e2e.conftest import AUTH, Mesh, running_mesh
 from tests.placer.cluster_helpers import eventually
 
 GREEDY = inference_pb2.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
@@ -182,3 +184,24 @@ async def test_worker_stats_over_grpc(mesh: Mesh) -> None:
     async with grpc.aio.insecure_channel(mesh.workers[0].address) as channel:
         stats = await worker_pb2_grpc.WorkerStub(channel).GetStats(worker_pb2.GetStatsRequest())
     assert {m.name for m in stats.models} == {"llama", "minilm"}
+
+
+async def test_embedded_placement_picks_in_process(
+    redis_server: RedisServer, model_dirs: dict[str, Path]
+) -> None:
+    async with running_mesh(redis_server.url, model_dirs, placement="embedded") as mesh:
+        mesh.spans.clear()
+        responses = await collect(mesh, generate("Once upon a time"))
+        expected = LLM(mesh.model_dirs["llama"]).generate(
+            ["Once upon a time"], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+        )[0]
+        assert [t for r in responses for t in r.token_ids] == expected.token_ids
+        assert responses[0].node_id in {"w1", "w2"}
+        names = {(s.resource.attributes["service.name"], s.name) for s in mesh.spans.get_finished_spans()}
+        assert ("hanzo-gateway", "pick") in names
+        assert not any(name.endswith("Placer/Pick") for _, name in names)  # no network hop to a placer
+        listed = await mesh.inference.ListModels(inference_pb2.ListModelsRequest(), metadata=AUTH)
+        assert {m.name for m in listed.models} == {"llama", "minilm"}
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await collect(mesh, inference_pb2.GenerateRequest(model="gpt-9", prompt="hi"))
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND
