@@ -71,6 +71,12 @@ def parse_args() -> argparse.Namespace:
         "gateway, placer and this client, instead of torch spinning on both); 0 = torch's default",
     )
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument(
+        "--placement",
+        choices=("remote", "embedded"),
+        default="remote",
+        help="gateway picks via the placer service (remote) or an in-process placer replica (embedded)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     if args.in_flight < 1 or args.worker_threads < 0:
@@ -212,7 +218,7 @@ def main() -> None:
     cfg = QUICK if args.quick else FULL
     model_dir = ensure_model(args.model_dir)
     shutil.rmtree(RUN_DIR, ignore_errors=True)  # the children append to their logs: start them empty
-    stack = MeshStack(RUN_DIR.resolve(), model_dir, API_KEY, args.worker_threads or None)
+    stack = MeshStack(RUN_DIR.resolve(), model_dir, API_KEY, args.worker_threads or None, args.placement)
     log(f"starting redis, placer, worker ({model_dir}), gateway; logs in {RUN_DIR}")
     with stack:
         log(f"worker {stack.worker_address} (pid {stack.worker_pid}), gateway {stack.gateway_address} "
@@ -227,6 +233,7 @@ def main() -> None:
             "mesh_throughput_ratio": measured["mesh_throughput_ratio"] >= TARGETS["mesh_throughput_ratio"],
         },
         "worker_threads": args.worker_threads or None,
+        "placement": args.placement,
         "model": {"dir": str(model_dir), **MODEL_SPEC},
         "quick": args.quick,
         "cpus": os.cpu_count(),

@@ -48,6 +48,7 @@ class MeshStack:
     model_dir: Path
     api_key: str
     worker_threads: int | None = 1
+    placement: str = "remote"  # the gateway's HANZO_GATEWAY_PLACEMENT
     worker_address: str = ""
     gateway_address: str = ""
     gateway_pid: int = 0
@@ -71,13 +72,14 @@ class MeshStack:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._redis = RedisServer(self.run_dir)
         self._redis.start()
+        key_prefix = f"bench-mesh-{self.run_dir.name}"
         placer = self._child(
             "placer",
             "services.placer",
             "PLACER_READY",
             HANZO_PLACER_PORT="0",
             HANZO_PLACER_REDIS_URL=self._redis.url,
-            HANZO_PLACER_KEY_PREFIX=f"bench-mesh-{self.run_dir.name}",
+            HANZO_PLACER_KEY_PREFIX=key_prefix,
         )
         placer_address, self.placer_pid = placer.ready["address"], placer.pid
         worker_env = {
@@ -97,6 +99,9 @@ class MeshStack:
             HANZO_GATEWAY_PORT="0",
             HANZO_GATEWAY_PLACER_ADDRESS=placer_address,
             HANZO_GATEWAY_API_KEYS=self.api_key,
+            HANZO_GATEWAY_PLACEMENT=self.placement,
+            HANZO_GATEWAY_REDIS_URL=self._redis.url,
+            HANZO_GATEWAY_KEY_PREFIX=key_prefix,
         )
         self.gateway_address, self.gateway_pid = gateway.ready["address"], gateway.pid
         asyncio.run(self._wait_routable(READY_TIMEOUT_S))
