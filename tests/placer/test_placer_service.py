@@ -158,8 +158,9 @@ async def test_redis_down_picks_continue_then_restart_rebuilds(redis_server: Red
             took = await eventually(rebuilt, 10, "registry rebuilt after a flush")
             assert took <= 2 * BEAT_S + 0.3
             await client.aclose()
-        stop.set()
-        await beating
+            # Stop beating before the channel closes: closing it cancels a heartbeat in flight.
+            stop.set()
+            await beating
 
 
 async def test_telemetry_steers_realtime_away_from_a_throttled_gpu(redis_server: RedisServer) -> None:
