@@ -156,7 +156,7 @@ async def test_redis_down_picks_continue_then_restart_rebuilds(redis_server: Red
             await eventually(lambda: _fresh(stub), 10, "snapshot fresh again")
             await client.flushall()
             took = await eventually(rebuilt, 10, "registry rebuilt after a flush")
-            assert took <= 2 * BEAT_S + 0.3
+            assert took <= BEAT_S + 1.0  # one heartbeat, plus slack for a loaded CI machine
             await client.aclose()
             # Stop beating before the channel closes: closing it cancels a heartbeat in flight.
             stop.set()
