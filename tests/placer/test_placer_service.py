@@ -117,7 +117,7 @@ async def test_node_is_gone_within_its_ttl_after_heartbeats_stop(redis_server: R
                 return [n.node_id for n in listed.nodes] == ["steady"]
 
             took = await eventually(gone, timeout_s=5, what="short-lived node dropped")
-            assert took <= app.settings.node_ttl_s + 0.3
+            assert took <= app.settings.node_ttl_s + 0.5
             client = aioredis.Redis.from_url(redis_server.url)
             assert await client.exists("hanzo:node:short-lived") == 0  # Redis expired it by itself
             await client.aclose()
