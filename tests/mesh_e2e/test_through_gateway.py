@@ -205,3 +205,27 @@ async def test_embedded_placement_picks_in_process(
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await collect(mesh, inference_pb2.GenerateRequest(model="gpt-9", prompt="hi"))
         assert err.value.code() == grpc.StatusCode.NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    ("method", "message", "code", "words"),
+    [
+        ("LoadModel", worker_pb2.LoadModelRequest(model=""), grpc.StatusCode.INVALID_ARGUMENT, "model"),
+        ("LoadModel", worker_pb2.LoadModelRequest(model="nope"), grpc.StatusCode.NOT_FOUND, "catalog"),
+        ("EvictModel", worker_pb2.EvictModelRequest(model=""), grpc.StatusCode.INVALID_ARGUMENT, "model"),
+        ("EvictModel", worker_pb2.EvictModelRequest(model="nope"), grpc.StatusCode.NOT_FOUND, "not resident"),
+    ],
+)
+async def test_worker_model_lifecycle_errors(
+    mesh: Mesh, method: str, message: object, code: grpc.StatusCode, words: str
+) -> None:
+    from hanzo.inference.v1 import worker_pb2_grpc
+
+    async with grpc.aio.insecure_channel(mesh.workers[0].address) as channel:
+        stub = worker_pb2_grpc.WorkerStub(channel)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await getattr(stub, method)(message)
+        assert err.value.code() == code and words in err.value.details()
+        # The resident models keep serving.
+        stats = await stub.GetStats(worker_pb2.GetStatsRequest())
+    assert {m.name for m in stats.models} == {"llama", "minilm"}

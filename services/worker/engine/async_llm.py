@@ -12,7 +12,7 @@ import itertools
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from services.worker.engine.errors import EngineDeadError, InvalidRequestError
@@ -52,7 +52,6 @@ class AsyncLLM:
         # Commands put (loop side) and applied (engine side): "idle" counts only once both agree.
         self._submitted = 0
         self._applied = 0
-        self.on_step: Callable[[list[RequestOutput]], None] | None = None  # engine-thread hook for metrics
 
     async def __aenter__(self) -> AsyncLLM:
         self.start()
@@ -145,8 +144,6 @@ class AsyncLLM:
                     self._deliver([], True)
                     continue
                 outputs = engine.step()
-                if self.on_step is not None:
-                    self.on_step(outputs)
                 if outputs:
                     self._deliver(outputs, not engine.has_unfinished_requests())
         except BaseException as exc:  # the engine is unusable: tell every waiting stream why

@@ -59,7 +59,6 @@ class LLMEngine:
         )
         self.stats = EngineStats()
         self._text: dict[str, TextState] = {}
-        self._sequences: dict[str, Sequence] = {}
 
     def add_request(
         self, request_id: str, prompt: str | list[int], params: SamplingParams, *, detokenize: bool = True
@@ -70,7 +69,6 @@ class LLMEngine:
         token_ids = self._tokenize(prompt)
         seq = Sequence(request_id, token_ids, params, eos_token_ids=self.model_config.eos_token_ids)
         self.scheduler.add(seq)
-        self._sequences[request_id] = seq
         if self.tokenizer is not None and (detokenize or params.stop):
             self._text[request_id] = TextState(self.tokenizer, seq)
         return seq
@@ -117,7 +115,6 @@ class LLMEngine:
 
     def _forget(self, request_id: str) -> None:
         self._text.pop(request_id, None)
-        self._sequences.pop(request_id, None)
         self.runner.sampler.release(request_id)
 
     def _tokenize(self, prompt: str | list[int]) -> list[int]:

@@ -59,6 +59,8 @@ class ModelHost:
 
     async def load(self, name: str) -> tuple[ServedModel, float]:
         """Make `name` resident (no-op if it is); returns it and the seconds loading took."""
+        if not name:
+            raise InvalidArgument("model", "is empty; name a model from this worker's catalog")
         async with self._lock:
             if name in self.models:
                 return self.models[name], 0.0
@@ -80,6 +82,8 @@ class ModelHost:
 
     async def evict(self, name: str, force: bool) -> int:
         """Free `name`; with force, abort its requests, else refuse while any runs. Returns aborted count."""
+        if not name:
+            raise InvalidArgument("model", "is empty; name a resident model")
         async with self._lock:
             served = self.models.get(name)
             if served is None:
