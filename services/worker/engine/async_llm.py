@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from services.worker.engine.errors import EngineDeadError, InvalidRequestError
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.outputs import RequestOutput, merge
+from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class _Add:
     request_id: str
     prompt: str | list[int]
     params: SamplingParams
+    hints: SchedulingHints
     done: concurrent.futures.Future[None]
 
 
@@ -77,9 +79,14 @@ class AsyncLLM:
         self._thread = None
 
     async def generate(
-        self, prompt: str | list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        hints: SchedulingHints = DEFAULT_HINTS,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream one request's outputs; InvalidRequestError before the first output on bad input.
+        """Stream one request's outputs; InvalidRequestError before the first output on bad input,
+        AdmissionError when the engine refuses it (its class's queue is full, or it waited too long).
 
         Leaving the iteration early (the caller was cancelled or broke out) aborts the request at once.
         """
@@ -95,7 +102,7 @@ class AsyncLLM:
         finished = False
         try:
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
-            self._put(_Add(request_id, prompt, params, done))
+            self._put(_Add(request_id, prompt, params, hints, done))
             await asyncio.wrap_future(done)
             while True:
                 item = await stream.get()
@@ -107,6 +114,9 @@ class AsyncLLM:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
+                if item.error is not None:
+                    finished = True
+                    raise item.error
                 finished = item.finished
                 yield item
                 if finished:
@@ -175,7 +185,9 @@ class AsyncLLM:
             self._applied += 1
             if isinstance(command, _Add):
                 try:
-                    self.engine.add_request(command.request_id, command.prompt, command.params)
+                    self.engine.add_request(
+                        command.request_id, command.prompt, command.params, hints=command.hints
+                    )
                     command.done.set_result(None)
                 except Exception as exc:  # bad input: only this request fails
                     command.done.set_exception(exc)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.worker.engine.policy.classes import PolicyConfig, PolicyName
+
 _DEFAULT_CPU_KV_BYTES = 256 * 1024**2
 
 
@@ -14,6 +16,9 @@ class EngineConfig:
     kv_cache_bytes: byte budget of the paged KV pool; None means 256 MiB on CPU, or
     gpu_memory_utilization of the device's free memory (after loading weights) on CUDA.
     max_model_len: None means the checkpoint's context length.
+    max_num_batched_tokens: the largest per-step token budget; the policy chooses each step's budget.
+    policy: the scheduling policy, a PolicyConfig or just its name ("adaptive", "fifo"); None means
+    adaptive with DESIGN.md's class defaults.
     """
 
     dtype: str = "float32"
@@ -26,8 +31,12 @@ class EngineConfig:
     max_model_len: int | None = None
     enable_prefix_caching: bool = True
     seed: int | None = 0
+    policy: PolicyConfig | str | None = None
 
     def __post_init__(self) -> None:
+        if self.policy is None or isinstance(self.policy, str):
+            name = PolicyName(self.policy or PolicyName.ADAPTIVE)
+            object.__setattr__(self, "policy", PolicyConfig(name=name))
         if self.block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes < 1:

@@ -19,3 +19,12 @@ class RequestNotFoundError(EngineError, KeyError):
 
 class EngineDeadError(EngineError, RuntimeError):
     """The engine's step thread stopped; nothing more can be served (maps to UNAVAILABLE)."""
+
+
+class AdmissionError(EngineError):
+    """The engine will not take this request now (queue full, or it waited past its class's queue
+    timeout); maps to RESOURCE_EXHAUSTED. retry_after_s: when trying again is likely to succeed."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s

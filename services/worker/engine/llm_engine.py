@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from services.common.workload import WorkloadClass
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.config import EngineConfig, EngineLayout, default_kv_bytes
 from services.worker.engine.errors import InvalidRequestError
 from services.worker.engine.model_runner import KVCacheSpec, ModelRunner
 from services.worker.engine.outputs import RequestOutput, TextState, make_output
+from services.worker.engine.policy.classes import DEFAULT_HINTS, PolicyConfig, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence
@@ -27,6 +31,10 @@ class EngineStats:
     preemptions: int = 0
     tokens_computed: int = 0  # tokens run through the model (prefix-cache hits excluded)
     generated_tokens: int = 0
+    preemptions_by_class: Counter[WorkloadClass] = field(default_factory=Counter)
+    rejections_by_class: Counter[WorkloadClass] = field(default_factory=Counter)  # queue timeouts
+    steps_by_budget: Counter[int] = field(default_factory=Counter)  # how often each budget was chosen
+    last_budget: int = 0
 
 
 class LLMEngine:
@@ -54,6 +62,7 @@ class LLMEngine:
                 max_model_len=self.layout.max_model_len,
                 max_num_seqs=self.config.max_num_seqs,
                 max_num_batched_tokens=self.config.max_num_batched_tokens,
+                policy=self.config.policy if isinstance(self.config.policy, PolicyConfig) else None,
             ),
             self.block_manager,
         )
@@ -61,13 +70,22 @@ class LLMEngine:
         self._text: dict[str, TextState] = {}
 
     def add_request(
-        self, request_id: str, prompt: str | list[int], params: SamplingParams, *, detokenize: bool = True
+        self,
+        request_id: str,
+        prompt: str | list[int],
+        params: SamplingParams,
+        *,
+        detokenize: bool = True,
+        hints: SchedulingHints = DEFAULT_HINTS,
     ) -> Sequence:
-        """Validate and queue a request; raises InvalidRequestError (nothing queued) on bad input."""
+        """Validate and queue a request; raises InvalidRequestError on bad input and AdmissionError when
+        its class's queue is full (nothing queued either way). hints: class, tenant, deadline."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling", f"expected SamplingParams, got {type(params).__name__}")
         token_ids = self._tokenize(prompt)
-        seq = Sequence(request_id, token_ids, params, eos_token_ids=self.model_config.eos_token_ids)
+        seq = Sequence(
+            request_id, token_ids, params, eos_token_ids=self.model_config.eos_token_ids, hints=hints
+        )
         self.scheduler.add(seq)
         if self.tokenizer is not None and (detokenize or params.stop):
             self._text[request_id] = TextState(self.tokenizer, seq)
@@ -89,16 +107,28 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch is None:
             return []
-        sampled = self.runner.execute(batch)
-        self.scheduler.update(batch, sampled)
         stats = self.stats
+        outputs = []
+        for seq, error in batch.rejected:
+            stats.rejections_by_class[seq.hints.workload] += 1
+            self._forget(seq.request_id)
+            outputs.append(make_output(seq, [], "", error))
+        if not batch.seqs:
+            return outputs
+        started = time.perf_counter()
+        sampled = self.runner.execute(batch)
+        self.scheduler.observe_step(batch, time.perf_counter() - started)
+        self.scheduler.update(batch, sampled)
         stats.steps += 1
         stats.preemptions += len(batch.preempted)
-        outputs = []
+        for seq in batch.preempted:
+            stats.preemptions_by_class[seq.hints.workload] += 1
+        stats.steps_by_budget[batch.budget] += 1
+        stats.last_budget = batch.budget
         for seq, token in zip(batch.seqs, sampled, strict=True):
             if token is not None:  # None: a prefill chunk that has not reached the prompt's end
                 outputs.append(self._output(seq, token))
-        stats.generated_tokens += len(outputs)
+        stats.generated_tokens += len(outputs) - len(batch.rejected)
         stats.tokens_computed += batch.total_tokens
         return outputs
 

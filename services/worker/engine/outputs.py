@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from services.worker.engine.errors import EngineError
 from services.worker.engine.sequence import FinishReason, Sequence
 from services.worker.models.tokenizer import IncrementalDecoder, Tokenizer
 
@@ -23,6 +24,7 @@ class RequestOutput:
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     arrival_time: float  # monotonic, when the engine accepted the request
     first_scheduled_time: float | None  # monotonic, when it first left the queue
+    error: EngineError | None = None  # set when the engine refused the request (finished, no tokens)
 
 
 class TextState:
@@ -61,7 +63,9 @@ class TextState:
         return out
 
 
-def make_output(seq: Sequence, new_token_ids: list[int], new_text: str) -> RequestOutput:
+def make_output(
+    seq: Sequence, new_token_ids: list[int], new_text: str, error: EngineError | None = None
+) -> RequestOutput:
     """Snapshot of seq after a step."""
     reason = seq.finish_reason
     return RequestOutput(
@@ -75,6 +79,7 @@ def make_output(seq: Sequence, new_token_ids: list[int], new_text: str) -> Reque
         num_cached_tokens=seq.num_cached_tokens,
         arrival_time=seq.arrival_time,
         first_scheduled_time=seq.first_scheduled_time,
+        error=error,
     )
 
 

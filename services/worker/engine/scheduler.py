@@ -2,7 +2,13 @@
 
 Each step every scheduled sequence gets n = min(tokens it has not computed, budget left) tokens: 1 for
 a decode, a chunk for a prompt (chunked prefill); prefix-cache hits are already counted as computed,
-so they cost nothing. Running sequences go first; waiting ones are admitted in queue order after.
+so they cost nothing.
+
+Order within a step follows the policy (policy/): the running set is kept sorted by its rank (class
+priority, then admission order) and a waiting request is admitted before a running one only when it
+outranks it, taking its place in the budget and, if seats or blocks are short, its KV (preemption by
+recompute, lowest priority and most recently admitted first). Under `fifo` nothing outranks anything,
+so running sequences go first and waiting ones are admitted in arrival order after, as in vLLM.
 
 Progress guarantee: `add` rejects a prompt larger than the whole KV pool, and `update` finishes a
 sequence with LENGTH once it fills the pool, so a sequence alone in the pool always fits. Within one
@@ -11,12 +17,17 @@ sequence with LENGTH once it fills the pool, so a sequence alone in the pool alw
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import time
-from collections import deque
+from collections import Counter
 from dataclasses import dataclass, field
 
+from services.common.workload import WorkloadClass
 from services.worker.engine.block_manager import BlockManager
-from services.worker.engine.errors import InvalidRequestError
+from services.worker.engine.errors import AdmissionError, InvalidRequestError
+from services.worker.engine.policy.classes import PolicyConfig
+from services.worker.engine.policy.policy import make_policy
 from services.worker.engine.sequence import FinishReason, Sequence, SequenceStatus
 from services.worker.engine.stopping import check_stop
 
@@ -24,12 +35,15 @@ from services.worker.engine.stopping import check_stop
 @dataclass(frozen=True, kw_only=True)
 class SchedulerConfig:
     """Per-step limits. watermark: fraction of blocks left free when admitting new work, so a fresh
-    admission does not force a preemption on the very next decode step."""
+    admission does not force a preemption on the very next decode step. max_num_batched_tokens is
+    the largest budget a step may get; the policy picks each step's budget up to it.
+    policy: None means adaptive with DESIGN.md's class defaults."""
 
     max_model_len: int
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 512
     watermark: float = 0.01
+    policy: PolicyConfig | None = None
 
     def __post_init__(self) -> None:
         if self.max_model_len < 1:
@@ -54,7 +68,10 @@ class ScheduledBatch:
     num_tokens: list[int] = field(default_factory=list)
     will_sample: list[bool] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)  # preempted while building this batch
+    # Never-scheduled requests that waited past their class's queue timeout, with the error to send.
+    rejected: list[tuple[Sequence, AdmissionError]] = field(default_factory=list)
     total_tokens: int = 0
+    budget: int = 0  # the token budget the policy chose for this step
 
     def add(self, seq: Sequence, n: int) -> None:
         """Append seq computing n >= 1 tokens this step."""
@@ -64,45 +81,24 @@ class ScheduledBatch:
         self.total_tokens += n
 
 
-class WaitingQueue:
-    """Admission order of waiting sequences: FCFS. The one place to swap in a priority policy."""
-
-    def __init__(self) -> None:
-        self._queue: deque[Sequence] = deque()
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    def push(self, seq: Sequence) -> None:
-        """Queue a new sequence behind every earlier one."""
-        self._queue.append(seq)
-
-    def push_front(self, seq: Sequence) -> None:
-        """Requeue a preempted sequence ahead of everything: it was admitted before any waiter."""
-        self._queue.appendleft(seq)
-
-    def peek(self) -> Sequence | None:
-        """The next sequence to admit; None when empty."""
-        return self._queue[0] if self._queue else None
-
-    def pop(self) -> Sequence:
-        """Remove and return the sequence `peek` returned."""
-        return self._queue.popleft()
-
-    def remove(self, seq: Sequence) -> None:
-        """Drop seq from the queue (abort/finish); O(n), which is fine off the per-step path."""
-        self._queue.remove(seq)
-
-
 class Scheduler:
     """Decides, step by step, which sequences compute how many tokens; owns their block lifecycle."""
+
+    # Queue timeouts are checked at most this often: a scan of a long batch queue every step would cost
+    # more than the timeout's precision is worth.
+    EXPIRY_INTERVAL_S = 0.05
 
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
         self.config = config
         self.block_manager = block_manager
-        self._waiting = WaitingQueue()
-        self._running: list[Sequence] = []  # admission order; preemption takes from the back
+        self.policy = make_policy(config.policy, config.max_num_batched_tokens)
+        self._waiting = self.policy.new_queue()
+        self._waiting_by_class: Counter[WorkloadClass] = Counter()
+        self._waiting_tokens = 0  # prompt tokens queued, for retry hints
+        self._running: list[Sequence] = []  # sorted by policy.running_key; preemption takes from the back
         self._by_id: dict[str, Sequence] = {}  # every unfinished sequence
+        self._admits = itertools.count(1)
+        self._next_expiry = 0.0
         self._watermark_blocks = int(config.watermark * block_manager.num_blocks)
         self._pool_tokens = block_manager.num_blocks * block_manager.block_size
         # A sequence that fills the whole pool cannot grow; treating that as "context full" is what
@@ -124,8 +120,13 @@ class Scheduler:
         """True while any added sequence is neither finished nor aborted."""
         return bool(self._by_id)
 
+    def waiting_of(self, workload: WorkloadClass) -> int:
+        """Sequences of one workload class queued for (re-)admission."""
+        return self._waiting_by_class[workload]
+
     def add(self, seq: Sequence) -> None:
-        """Queue a WAITING sequence (FCFS); raises InvalidRequestError if it can never fit."""
+        """Queue a WAITING sequence; InvalidRequestError if it can never fit, AdmissionError if its
+        class's queue is full (nothing is queued then)."""
         if seq.request_id in self._by_id:
             raise InvalidRequestError("request_id", f"{seq.request_id!r} is already in flight")
         if seq.status is not SequenceStatus.WAITING or seq.block_table:
@@ -136,8 +137,10 @@ class Scheduler:
             raise InvalidRequestError(
                 "prompt", f"{seq.num_tokens} tokens exceed the KV pool of {self._pool_tokens} tokens"
             )
+        seq.priority = self.policy.priority_of(seq)
+        self.policy.check_queue_room(seq, self._waiting_by_class[seq.hints.workload], self._waiting_tokens)
         self._by_id[seq.request_id] = seq
-        self._waiting.push(seq)
+        self._enqueue(seq)
 
     def abort(self, request_id: str) -> Sequence | None:
         """Finish request_id with ABORT and free its blocks; None if unknown or already finished."""
@@ -153,19 +156,28 @@ class Scheduler:
             return
         if seq.status is SequenceStatus.WAITING:
             self._waiting.remove(seq)
+            self._count_out(seq)
         else:
             self._running.remove(seq)
         self._release(seq, reason)
 
-    def schedule(self) -> ScheduledBatch | None:
-        """Build this step's batch within max_num_batched_tokens and max_num_seqs; None if nothing to do."""
+    def schedule(self, now: float | None = None) -> ScheduledBatch | None:
+        """Build this step's batch; None if there is nothing to compute and nobody to refuse.
+
+        now: time.monotonic() (a parameter so tests can drive queue timeouts and SLO slack).
+        """
+        now = time.monotonic() if now is None else now
         batch = ScheduledBatch()
-        budget = self.config.max_num_batched_tokens
-        budget = self._schedule_running(batch, budget)
-        # After a preemption there is no room to spare, so admitting new work would only thrash.
-        if not batch.preempted:
-            self._schedule_waiting(batch, budget)
-        return batch if batch.seqs else None
+        if now >= self._next_expiry:
+            self._next_expiry = now + self.EXPIRY_INTERVAL_S
+            self._expire(now, batch)
+        batch.budget = self.policy.choose_budget(now, self._running, self._waiting)
+        self._fill(batch, batch.budget, now)
+        return batch if batch.seqs or batch.rejected else None
+
+    def observe_step(self, batch: ScheduledBatch, seconds: float) -> None:
+        """The model computed batch in seconds; feeds the budget controller's step-time model."""
+        self.policy.observe_step(batch.total_tokens, len(batch.seqs), seconds)
 
     def update(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[Sequence]:
         """Apply a finished step: advance progress, cache full blocks, append samples, stop; returns finished.
@@ -176,12 +188,14 @@ class Scheduler:
         if len(sampled) != len(batch.seqs):
             raise ValueError(f"got {len(sampled)} samples for {len(batch.seqs)} sequences")
         bm = self.block_manager
+        policy = self.policy
         finished: list[Sequence] = []
         rows = zip(batch.seqs, batch.num_tokens, batch.will_sample, sampled, strict=True)
         for seq, n, sample, token in rows:
             if seq.status is not SequenceStatus.RUNNING:
                 continue  # aborted or finished after the batch was built; its blocks are gone
             seq.num_computed_tokens += n
+            policy.charge(seq, n)
             bm.commit(seq)
             if not sample or token is None:
                 continue
@@ -196,14 +210,44 @@ class Scheduler:
             self._running = [s for s in self._running if s.status is SequenceStatus.RUNNING]
         return finished
 
-    def _schedule_running(self, batch: ScheduledBatch, budget: int) -> int:
-        """Serve running sequences in admission order, preempting from the back; returns budget left."""
+    def _fill(self, batch: ScheduledBatch, budget: int, now: float) -> None:
+        """Spend budget in rank order over running sequences and waiting heads.
+
+        running[:i] are served, running[end:] were preempted during this call; admitted ones wait in
+        `new` and join the running set (in rank order) at the end, so indices stay valid meanwhile.
+        """
         bm = self.block_manager
+        policy = self.policy
         running = self._running
-        end = len(running)  # running[end:] were preempted during this call
+        waiting = self._waiting
+        new: list[Sequence] = []
+        end = len(running)
         i = 0
-        while i < end and budget > 0:
-            seq = running[i]
+        can_admit = True
+        while budget > 0:
+            seq = running[i] if i < end else None
+            head = waiting.peek() if can_admit else None
+            if head is not None and (seq is None or policy.outranks(head, seq)):
+                # After a preemption, only a request that outranks every victim may come in: anything
+                # else would take the room the victims need to come back, and thrash.
+                if any(not policy.outranks(head, v) for v in batch.preempted):
+                    can_admit = False
+                    continue
+                n, end = self._admit(head, batch, budget, i, end, len(new))
+                if n == 0:
+                    can_admit = False  # head-of-line: never skip ahead of the queue's order
+                    continue
+                self._count_out(waiting.pop())
+                head.status = SequenceStatus.RUNNING
+                head.admit_no = next(self._admits)
+                if head.first_scheduled_time is None:
+                    head.first_scheduled_time = now
+                new.append(head)
+                batch.add(head, n)
+                budget -= n
+                continue
+            if seq is None:
+                break
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if n <= 0:
                 i += 1  # nothing to compute until a token is appended; never happens with a sane runner
@@ -222,40 +266,82 @@ class Scheduler:
                 i += 1
         if end < len(running):
             del running[end:]
-        return budget
+        for seq in new:
+            bisect.insort(running, seq, key=policy.running_key)
 
-    def _schedule_waiting(self, batch: ScheduledBatch, budget: int) -> None:
-        """Admit waiting sequences in queue order while budget and seats last; stop at the first misfit."""
+    def _admit(
+        self, head: Sequence, batch: ScheduledBatch, budget: int, i: int, end: int, num_new: int
+    ) -> tuple[int, int]:
+        """Make room for head (seat, blocks for its prompt and expected growth, the latency reserve),
+        displacing outranked unscheduled running sequences if needed, and allocate its first chunk.
+        Returns (tokens scheduled, 0 if it does not fit; the new end of the unpreempted running set)."""
         bm = self.block_manager
-        waiting = self._waiting
+        policy = self.policy
         running = self._running
-        max_seqs = self.config.max_num_seqs
-        while budget > 0 and len(running) < max_seqs:
-            seq = waiting.peek()
-            if seq is None:
-                return
-            bm.admit(seq)
-            n = min(seq.num_tokens - seq.num_computed_tokens, budget)
-            # The watermark protects running sequences; with none running it would only block progress.
-            reserve = self._watermark_blocks if running else 0
-            if not bm.allocate(seq, n, reserve=reserve):
-                bm.unadmit(seq)
-                return  # head-of-line: never skip ahead of the queue's order
-            waiting.pop()
-            seq.status = SequenceStatus.RUNNING
-            if seq.first_scheduled_time is None:
-                seq.first_scheduled_time = time.monotonic()
-            running.append(seq)
-            batch.add(seq, n)
-            budget -= n
+        bm.admit(head)
+        n = min(head.num_tokens - head.num_computed_tokens, budget)
+        while True:
+            holding = end + num_new
+            if holding == 0:
+                # Alone in the engine it must get in (it fits the pool; add() checked), or nothing moves.
+                need, reserve = n, 0
+            else:
+                need = max(n, policy.tokens_to_hold(head))
+                reserve = self._watermark_blocks + int(policy.reserve_fraction(head) * bm.num_blocks)
+            seated = holding < self.config.max_num_seqs
+            if seated and bm.blocks_needed(head, need) + reserve <= bm.num_free_blocks:
+                break
+            if end <= i or not policy.outranks(head, running[end - 1]):
+                bm.unadmit(head)
+                return 0, end
+            end -= 1
+            victim = running[end]
+            self._preempt(victim)
+            batch.preempted.append(victim)
+        if not bm.allocate(head, n):
+            raise AssertionError("allocate failed after blocks_needed said it fits")  # a bug, not input
+        return n, end
+
+    def _expire(self, now: float, batch: ScheduledBatch) -> None:
+        """Refuse never-scheduled requests that waited longer than their class allows. A preempted one
+        already streamed tokens, so it is never refused: it resumes."""
+        policy = self.policy
+        expired = []
+        for seq in self._waiting:
+            timeout = policy.queue_timeout(seq)
+            if timeout is not None and seq.first_scheduled_time is None and now - seq.arrival_time > timeout:
+                expired.append((seq, timeout))
+        for seq, timeout in expired:
+            del self._by_id[seq.request_id]
+            self._waiting.remove(seq)
+            self._count_out(seq)
+            self._release(seq, FinishReason.ABORT)
+            error = AdmissionError(
+                f"not scheduled within the {seq.hints.workload.name} queue timeout of {timeout:g} s "
+                f"({self.num_waiting} requests waiting)",
+                retry_after_s=policy.retry_after(self._waiting_tokens),
+            )
+            batch.rejected.append((seq, error))
+
+    def _enqueue(self, seq: Sequence) -> None:
+        self._waiting.push(seq)
+        self._waiting_by_class[seq.hints.workload] += 1
+        self._waiting_tokens += seq.num_tokens
+
+    def _count_out(self, seq: Sequence) -> None:
+        """Account for seq having left the waiting queue."""
+        self._waiting_by_class[seq.hints.workload] -= 1
+        self._waiting_tokens -= seq.num_tokens
 
     def _preempt(self, seq: Sequence) -> None:
-        """Drop seq's blocks and requeue it at the front to recompute (prefix caching makes that cheap)."""
+        """Drop seq's blocks and requeue it to recompute (prefix caching makes that cheap)."""
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
-        self._waiting.push_front(seq)
+        self._waiting.requeue(seq)
+        self._waiting_by_class[seq.hints.workload] += 1
+        self._waiting_tokens += seq.num_tokens
 
     def _release(self, seq: Sequence, reason: FinishReason) -> None:
         """Mark seq finished with reason and give its blocks back."""

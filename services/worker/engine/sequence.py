@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 import time
 
+from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
 
 
@@ -28,17 +29,20 @@ class Sequence:
     """
 
     __slots__ = (
+        "admit_no",
         "arrival_time",
         "block_hashes",
         "block_table",
         "eos_token_ids",
         "finish_reason",
         "first_scheduled_time",
+        "hints",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
         "num_prompt_tokens",
         "params",
+        "priority",
         "request_id",
         "status",
         "token_ids",
@@ -51,6 +55,7 @@ class Sequence:
         params: SamplingParams,
         eos_token_ids: frozenset[int] = frozenset(),
         arrival_time: float | None = None,
+        hints: SchedulingHints = DEFAULT_HINTS,
     ) -> None:
         self.request_id = request_id
         self.token_ids: list[int] = list(prompt_token_ids)
@@ -59,6 +64,9 @@ class Sequence:
         self.eos_token_ids = eos_token_ids
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None  # monotonic; when it first left the queue
+        self.hints = hints
+        self.priority = 0  # the scheduler's policy sets the level at add(); 0 is served first
+        self.admit_no = 0  # order of the latest admission; the most recent is preempted first
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
         self.num_computed_tokens = 0

@@ -54,7 +54,14 @@ def test_prefix_caching_hits_and_stays_exact(llama_gqa_dir: Path) -> None:
 def test_preemption_under_a_tiny_kv_pool_stays_exact(llama_gqa_dir: Path) -> None:
     # 2 layers x 2 KV heads x 16 dims x 16 tokens x (K+V) x 4 bytes = 8 KiB a block: 48 blocks in all,
     # far less than 16 prompts of up to 333 tokens need at once.
-    llm = LLM(llama_gqa_dir, kv_cache_bytes=48 * 8192, max_num_batched_tokens=64, enable_prefix_caching=False)
+    # fifo: the adaptive policy's admission leaves room for growth and would avoid preempting at all.
+    llm = LLM(
+        llama_gqa_dir,
+        kv_cache_bytes=48 * 8192,
+        max_num_batched_tokens=64,
+        enable_prefix_caching=False,
+        policy="fifo",
+    )
     assert llm.engine.layout.num_kv_blocks == 48
     prompts = mixed_prompts(16, vocab=512, seed=7)
     assert_matches_hf(llama_gqa_dir, llm, prompts)
@@ -62,7 +69,7 @@ def test_preemption_under_a_tiny_kv_pool_stays_exact(llama_gqa_dir: Path) -> Non
 
 
 def test_preemption_with_prefix_caching(llama_gqa_dir: Path) -> None:
-    llm = LLM(llama_gqa_dir, kv_cache_bytes=48 * 8192, max_num_batched_tokens=64)
+    llm = LLM(llama_gqa_dir, kv_cache_bytes=48 * 8192, max_num_batched_tokens=64, policy="fifo")
     shared = mixed_prompts(1, vocab=512, seed=21, lengths=[40])[0]
     prompts = [shared + tail for tail in mixed_prompts(16, vocab=512, seed=22, lengths=[3, 60, 150, 250])]
     assert_matches_hf(llama_gqa_dir, llm, prompts)

@@ -1,4 +1,7 @@
-"""Scheduler with plain Sequences and a fake sampler: token budget, chunking, FCFS, preemption, abort."""
+"""Scheduler with plain Sequences and a fake sampler: token budget, chunking, FCFS, preemption, abort.
+
+These pin the continuous-batching mechanism itself, so they run the `fifo` policy; the adaptive
+policy's ordering, budget and admission are in test_policy_*.py."""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import pytest
 
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.errors import InvalidRequestError
+from services.worker.engine.policy.classes import PolicyConfig, PolicyName
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence, SequenceStatus
@@ -34,6 +38,7 @@ def make_scheduler(
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=budget,
         watermark=watermark,
+        policy=PolicyConfig(name=PolicyName.FIFO),
     )
     return Scheduler(config, BlockManager(num_blocks, block_size, enable_prefix_caching=prefix_caching))
 

@@ -1,0 +1,122 @@
+"""The per-step token budget, chosen from measured step times.
+
+StepTimeModel keeps an exponentially weighted mean of the measured step time per batch shape
+(tokens rounded up to a power of two, sequences rounded up to a power of two). BudgetController picks,
+each step, the largest budget whose predicted step time meets the tightest latency target in play,
+or, with only throughput work present, grows toward the budget with the best measured tokens/second.
+"""
+
+from __future__ import annotations
+
+_EWMA = 0.2  # weight of a new sample: a few steps to follow a change, robust to one noisy step
+_NEAR_BEST = 0.95  # a budget within 5% of the best tokens/s is as good, and keeps steps shorter
+
+
+def _bucket(n: int) -> int:
+    """n rounded up to a power of two (n >= 1)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+class StepTimeModel:
+    """Measured step seconds per (token bucket, sequence bucket)."""
+
+    def __init__(self) -> None:
+        self._seconds: dict[tuple[int, int], float] = {}
+
+    def observe(self, num_tokens: int, num_seqs: int, seconds: float) -> None:
+        """Record one step that computed num_tokens >= 1 tokens for num_seqs >= 1 sequences."""
+        key = (_bucket(num_tokens), _bucket(num_seqs))
+        old = self._seconds.get(key)
+        self._seconds[key] = seconds if old is None else old + _EWMA * (seconds - old)
+
+    def estimate(self, num_tokens: int, num_seqs: int) -> float | None:
+        """Predicted seconds for a step of that shape; None before the first observed step.
+
+        Between two measured token buckets it interpolates; past the largest it scales that one's time
+        by the token ratio, which overestimates (a step has fixed costs): the safe side for an SLO.
+        With nothing measured at this many sequences it borrows the nearest larger count (slower, so
+        again the safe side), else the nearest smaller one.
+        """
+        if not self._seconds:
+            return None
+        seq_buckets = {q for _, q in self._seconds}
+        wanted = _bucket(num_seqs)
+        larger = [q for q in seq_buckets if q >= wanted]
+        seq_bucket = min(larger) if larger else max(seq_buckets)
+        points = sorted((t, s) for (t, q), s in self._seconds.items() if q == seq_bucket)
+        tokens = _bucket(num_tokens)
+        below = [(t, s) for t, s in points if t <= tokens]
+        above = [(t, s) for t, s in points if t >= tokens]
+        if below and above:
+            (t0, s0), (t1, s1) = below[-1], above[0]
+            return s0 if t1 == t0 else s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
+        if below:
+            t0, s0 = below[-1]
+            return s0 * tokens / t0
+        return above[0][1]
+
+    def throughput(self, num_tokens: int, num_seqs: int) -> float | None:
+        """Measured tokens/second of that exact shape; None if never measured."""
+        seconds = self._seconds.get((_bucket(num_tokens), _bucket(num_seqs)))
+        return None if not seconds else _bucket(num_tokens) / seconds
+
+
+class BudgetController:
+    """Chooses each step's token budget in [minimum, maximum], powers of two in between."""
+
+    def __init__(self, minimum: int, maximum: int, model: StepTimeModel | None = None) -> None:
+        if not 1 <= minimum <= maximum:
+            raise ValueError(f"need 1 <= minimum <= maximum, got {minimum} and {maximum}")
+        self.minimum = minimum
+        self.maximum = maximum
+        self.model = model or StepTimeModel()
+        self.current = maximum
+        candidates = {maximum}
+        size = _bucket(minimum)
+        while size < maximum:
+            candidates.add(max(size, minimum))
+            size *= 2
+        self.candidates = sorted(candidates)
+
+    def choose(self, target_step_s: float | None, num_seqs: int, floor: int = 0) -> int:
+        """This step's budget.
+
+        target_step_s: the longest step the latency work in play can afford (None: no latency work).
+        num_seqs: sequences expected in the step. floor: tokens the latency work itself needs now; the
+        budget never cuts those, it cuts the throughput work scheduled after them.
+        """
+        seqs = max(1, num_seqs)
+        if target_step_s is None:
+            self.current = self._grow(seqs)
+        else:
+            self.current = self._fit(target_step_s, seqs)
+        return min(self.maximum, max(self.current, floor, self.minimum))
+
+    def _fit(self, target_s: float, seqs: int) -> int:
+        """The largest candidate predicted to finish within target_s; the smallest if none does."""
+        fitting = self.minimum
+        for budget in self.candidates:
+            predicted = self.model.estimate(budget, seqs)
+            if predicted is None:
+                return self.current  # no step measured yet: keep the budget and measure
+            if predicted > target_s:
+                break
+            fitting = budget
+        return fitting
+
+    def _grow(self, seqs: int) -> int:
+        """Double toward the throughput-optimal budget: the smallest measured one within 5% of the best
+        measured tokens/s, or the maximum while the best is the largest measured (bigger may be better)."""
+        measured = [(b, r) for b in self.candidates if (r := self.model.throughput(b, seqs)) is not None]
+        if not measured:
+            optimum = self.maximum
+        else:
+            best = max(r for _, r in measured)
+            largest, largest_rate = measured[-1]
+            if largest < self.maximum and largest_rate >= _NEAR_BEST * best:
+                optimum = self.maximum
+            else:
+                optimum = next(b for b, r in measured if r >= _NEAR_BEST * best)
+        if self.current >= optimum:
+            return optimum
+        return min(optimum, self.current * 2)

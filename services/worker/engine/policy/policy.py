@@ -1,0 +1,169 @@
+"""The scheduling policy: ordering, admission limits and the step budget, behind one object.
+
+The scheduler owns blocks and the running set; it asks this object every question of judgement:
+which queue order, who outranks whom, how much KV an admission must leave, how long a request may
+wait, and how many tokens this step may compute. `fifo` answers them as plain continuous batching
+does (arrival order, nobody outranks anybody, a fixed budget), which makes it the baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+from services.common.workload import WorkloadClass
+from services.worker.engine.errors import AdmissionError
+from services.worker.engine.policy.budget import BudgetController
+from services.worker.engine.policy.classes import ClassPolicy, PolicyConfig, PolicyName
+from services.worker.engine.policy.tenants import TenantLedger
+from services.worker.engine.policy.waiting import FifoQueue, PriorityQueue, WaitingQueue
+from services.worker.engine.sequence import Sequence
+
+_RATE_EWMA = 0.1
+_MIN_RETRY_S = 0.05
+_MAX_RETRY_S = 60.0
+
+
+class SchedulingPolicy:
+    """Judgement calls of one engine's scheduler; see the module docstring."""
+
+    def __init__(self, config: PolicyConfig, max_num_batched_tokens: int) -> None:
+        self.config = config
+        self.adaptive = config.name is PolicyName.ADAPTIVE
+        self.ledger = TenantLedger()
+        low = min(config.min_batched_tokens, max_num_batched_tokens)
+        self.budget = BudgetController(low, max_num_batched_tokens)
+        self._latency_levels = sorted({c.priority for c in config.classes.values() if c.latency_sensitive})
+        self._last_seen: dict[WorkloadClass, float] = {}  # latency class -> when last waiting/running
+        self._tokens_per_s: float | None = None
+
+    # --- ordering -------------------------------------------------------------------------------------
+
+    def new_queue(self) -> WaitingQueue:
+        """An empty waiting queue in this policy's order."""
+        return PriorityQueue(self.ledger) if self.adaptive else FifoQueue()
+
+    def class_of(self, seq: Sequence) -> ClassPolicy:
+        return self.config.classes[seq.hints.workload]
+
+    def priority_of(self, seq: Sequence) -> int:
+        """seq's priority level (0 first); every request shares level 0 under fifo."""
+        return self.class_of(seq).priority if self.adaptive else 0
+
+    def running_key(self, seq: Sequence) -> tuple[int, int]:
+        """Order of the running set: served first to last, preempted last to first."""
+        return (seq.priority, seq.admit_no)
+
+    def outranks(self, a: Sequence, b: Sequence) -> bool:
+        """True when a may go before the already-admitted b, taking its budget, seat or blocks."""
+        return self.adaptive and a.priority < b.priority
+
+    def is_latency(self, seq: Sequence) -> bool:
+        return self.adaptive and self.class_of(seq).latency_sensitive
+
+    def charge(self, seq: Sequence, tokens: int) -> None:
+        """tokens were computed for seq this step (tenant fair share)."""
+        if self.adaptive:
+            self.ledger.charge(seq.priority, seq.hints.tenant, tokens)
+
+    # --- admission ------------------------------------------------------------------------------------
+
+    def reserve_fraction(self, seq: Sequence) -> float:
+        """Share of the KV pool seq's admission must leave free for latency classes."""
+        return 0.0 if not self.adaptive or self.is_latency(seq) else self.config.latency_reserve
+
+    def tokens_to_hold(self, seq: Sequence) -> int:
+        """Tokens whose KV must fit before seq is admitted: its whole remaining prompt plus expected
+        output under adaptive (so admission does not cause a preemption a few steps later); 0 under
+        fifo, which checks only the step's chunk."""
+        if not self.adaptive:
+            return 0
+        expected = min(seq.params.max_tokens - seq.num_output_tokens, self.config.expected_output_tokens)
+        return seq.num_tokens - seq.num_computed_tokens + max(0, expected)
+
+    def check_queue_room(self, seq: Sequence, waiting_in_class: int, tokens_ahead: int) -> None:
+        """Raise AdmissionError when seq's class already has its limit of waiting requests."""
+        limit = self.class_of(seq).max_waiting if self.adaptive else None
+        if limit is not None and waiting_in_class >= limit:
+            raise AdmissionError(
+                f"the {seq.hints.workload.name} queue is full ({waiting_in_class} waiting, limit {limit})",
+                retry_after_s=self.retry_after(tokens_ahead),
+            )
+
+    def queue_timeout(self, seq: Sequence) -> float | None:
+        """Seconds seq may wait for its first schedule; None: no limit."""
+        return self.class_of(seq).queue_timeout_s if self.adaptive else None
+
+    def retry_after(self, tokens_ahead: int) -> float:
+        """Seconds until the engine has likely worked through tokens_ahead, from its measured rate."""
+        rate = self._tokens_per_s
+        if not rate:
+            return 1.0
+        return min(_MAX_RETRY_S, max(_MIN_RETRY_S, tokens_ahead / rate))
+
+    # --- step budget ----------------------------------------------------------------------------------
+
+    def observe_step(self, num_tokens: int, num_seqs: int, seconds: float) -> None:
+        """A step computed num_tokens for num_seqs sequences in seconds (wall time of the model step)."""
+        if num_tokens < 1 or seconds <= 0:
+            return
+        self.budget.model.observe(num_tokens, num_seqs, seconds)
+        rate = num_tokens / seconds
+        old = self._tokens_per_s
+        self._tokens_per_s = rate if old is None else old + _RATE_EWMA * (rate - old)
+
+    def choose_budget(self, now: float, running: Iterable[Sequence], waiting: WaitingQueue) -> int:
+        """This step's token budget: the tightest latency target in play decides how long a step may
+        take; the latency work's own tokens are never cut. fifo: always the configured maximum."""
+        if not self.adaptive:
+            return self.budget.maximum
+        target = math.inf
+        floor = 0
+        num_seqs = 0
+        for seq in running:
+            num_seqs += 1
+            if self.is_latency(seq):
+                target, floor = self._latency_need(seq, now, target, floor)
+        for level in self._latency_levels:
+            for seq in waiting.level(level):
+                if self.is_latency(seq):
+                    num_seqs += 1
+                    target, floor = self._latency_need(seq, now, target, floor)
+        if target == math.inf:
+            target = self._recent_target(now)
+        return self.budget.choose(None if target == math.inf else target, num_seqs, floor)
+
+    def _latency_need(self, seq: Sequence, now: float, target: float, floor: int) -> tuple[float, int]:
+        """Fold one latency-class sequence into (step-time target, tokens it needs this step)."""
+        policy = self.class_of(seq)
+        self._last_seen[seq.hints.workload] = now
+        remaining = seq.num_tokens - seq.num_computed_tokens
+        if seq.num_output_tokens == 0:  # still before its first token: the TTFT target applies
+            ttft = seq.hints.ttft_slo_s or policy.ttft_slo_s
+            if ttft is not None:
+                # The step that carries its last prompt chunk must end before the TTFT target.
+                target = min(target, max(0.0, ttft - (now - seq.arrival_time)))
+        elif policy.itl_slo_s is not None:
+            target = min(target, policy.itl_slo_s)
+        return target, floor + remaining
+
+    def _recent_target(self, now: float) -> float:
+        """With latency traffic seen within latency_memory_s, keep steps short enough that the next
+        arrival waits out at most a small part of its TTFT target behind a step already running."""
+        target = math.inf
+        for workload, seen in self._last_seen.items():
+            if now - seen > self.config.latency_memory_s:
+                continue
+            policy = self.config.classes[workload]
+            for slo in (policy.itl_slo_s, policy.ttft_slo_s and policy.ttft_slo_s / 2):
+                if slo:
+                    target = min(target, slo)
+        return target
+
+
+def make_policy(config: PolicyConfig | None, max_num_batched_tokens: int) -> SchedulingPolicy:
+    """The policy for config (None: adaptive with DESIGN.md's defaults)."""
+    return SchedulingPolicy(config or PolicyConfig(), max_num_batched_tokens)
+
+
+__all__ = ["PolicyName", "SchedulingPolicy", "make_policy"]
