@@ -5,13 +5,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from services.common.workload import WorkloadClass
 from services.worker.engine import LLM, LLMEngine, SamplingParams
 from services.worker.engine.async_llm import AsyncLLM
 from services.worker.engine.config import EngineConfig
+from services.worker.engine.errors import AdmissionError
+from services.worker.engine.policy.classes import DEFAULT_CLASS_POLICIES, PolicyConfig, SchedulingHints
 from tests.worker.engine.reference import mixed_prompts
 
 LONG = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
@@ -99,3 +103,34 @@ async def test_a_busy_consumer_gets_coalesced_outputs(engine: LLMEngine, llama_g
     assert tokens == LLM(llama_gqa_dir).generate([prompt], params)[0].token_ids
     assert len(outputs) < len(tokens)  # several tokens per output once it fell behind
     assert outputs[-1].finished and outputs[-1].num_output_tokens == 60
+
+
+async def test_refusals_reach_the_caller_with_a_retry_hint(llama_gqa_dir: Path) -> None:
+    classes = dict(DEFAULT_CLASS_POLICIES)
+    classes[WorkloadClass.BATCH] = replace(classes[WorkloadClass.BATCH], max_waiting=1, queue_timeout_s=0.2)
+    config = EngineConfig(max_num_seqs=1, policy=PolicyConfig(classes=classes))
+    batch = SchedulingHints(workload=WorkloadClass.BATCH)
+    async with AsyncLLM(LLMEngine(llama_gqa_dir, config)) as llm:
+        holder = llm.generate([5, 6, 7], LONG, hints=batch)
+        first = await anext(holder)  # holds the only seat for 400 tokens
+        assert first.new_token_ids
+        queued = llm.generate([8, 9], LONG, hints=batch)
+        started = time.monotonic()
+        with pytest.raises(AdmissionError, match="queue timeout") as timed_out:
+            await anext(queued)
+        assert time.monotonic() - started < 5.0 and timed_out.value.retry_after_s > 0
+        again = llm.generate([8, 9], LONG, hints=batch)
+        waiting = asyncio.ensure_future(anext(again))
+        for _ in range(1000):  # until the engine thread has queued it (bounded; no fixed sleep)
+            if llm.engine.scheduler.num_waiting == 1:
+                break
+            await asyncio.sleep(0.001)
+        full = llm.generate([10, 11], LONG, hints=batch)
+        with pytest.raises(AdmissionError, match="queue is full"):
+            await anext(full)
+        waiting.cancel()
+        with contextlib.suppress(asyncio.CancelledError, AdmissionError):
+            await waiting
+        await holder.aclose()
+        await llm.wait_idle()
+        assert llm.engine.block_manager.num_used_blocks == 0

@@ -1,0 +1,148 @@
+"""The step budget: the step-time model and the controller, then the scheduler choosing a budget from
+measured step times (shrinks for latency work in play, grows back with only batch work)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from services.worker.engine.block_manager import BlockManager
+from services.worker.engine.policy.budget import BudgetController, StepTimeModel
+from services.worker.engine.policy.classes import DEFAULT_CLASS_POLICIES, PolicyConfig
+from services.worker.engine.scheduler import Scheduler, SchedulerConfig
+from tests.worker.engine.test_policy_scheduler import BATCH, RT, T0, seq, step
+
+# Measured on a made-up engine: bigger steps are more efficient per token, but longer.
+STEP_SECONDS = {16: 0.02, 64: 0.05, 256: 0.125, 512: 0.2}
+
+
+def trained(model: StepTimeModel | None = None, seqs: int = 2) -> StepTimeModel:
+    model = model or StepTimeModel()
+    for tokens, seconds in STEP_SECONDS.items():
+        model.observe(tokens, seqs, seconds)
+    return model
+
+
+@pytest.mark.parametrize(
+    ("tokens", "seqs", "expected"),
+    [
+        (64, 2, 0.05),  # measured
+        (50, 2, 0.05),  # same power-of-two bucket
+        (128, 2, 0.05 + 0.075 * 64 / 192),  # interpolated between 64 and 256
+        (1024, 2, 0.4),  # past the largest: scaled by tokens, an overestimate
+        (8, 2, 0.02),  # below the smallest: the smallest's time, an overestimate
+        (64, 1, 0.05),  # no data at 1 sequence: borrows the nearest larger count
+    ],
+)
+def test_step_time_estimates(tokens: int, seqs: int, expected: float) -> None:
+    assert trained().estimate(tokens, seqs) == pytest.approx(expected)
+
+
+def test_step_time_model_follows_a_change_without_jumping_on_one_sample() -> None:
+    model = StepTimeModel()
+    model.observe(64, 2, 0.05)
+    model.observe(64, 2, 0.5)  # one noisy step
+    assert 0.05 < model.estimate(64, 2) < 0.2
+    for _ in range(30):
+        model.observe(64, 2, 0.5)
+    assert model.estimate(64, 2) == pytest.approx(0.5, rel=0.01)
+    assert StepTimeModel().estimate(64, 2) is None
+
+
+@pytest.mark.parametrize(
+    ("target_s", "floor", "expected"),
+    [
+        (0.2, 0, 512),
+        (0.13, 0, 256),
+        (0.1, 0, 128),
+        (0.05, 0, 64),
+        (0.001, 0, 16),  # nothing meets it: the minimum
+        (0.001, 300, 300),  # the latency work's own tokens are never cut
+        (0.05, 5000, 512),  # ... but the budget never exceeds the maximum
+    ],
+)
+def test_controller_fits_the_target(target_s: float, floor: int, expected: int) -> None:
+    controller = BudgetController(16, 512, trained())
+    assert controller.choose(target_s, 2, floor) == expected
+
+
+def test_controller_grows_by_doubling_toward_the_best_throughput() -> None:
+    controller = BudgetController(16, 512, trained())
+    assert controller.choose(0.05, 2) == 64
+    assert [controller.choose(None, 2) for _ in range(4)] == [128, 256, 512, 512]
+
+
+def test_controller_stops_growing_where_throughput_stops_improving() -> None:
+    model = StepTimeModel()
+    for tokens, seconds in {16: 0.02, 64: 0.05, 256: 0.2, 512: 0.4}.items():  # flat past 64
+        model.observe(tokens, 2, seconds)
+    controller = BudgetController(16, 512, model)
+    assert [controller.choose(None, 2) for _ in range(3)] == [64, 64, 64]
+
+
+def test_controller_explores_upward_before_anything_is_measured() -> None:
+    assert BudgetController(16, 512).choose(None, 4) == 512
+    assert BudgetController(16, 512).choose(0.01, 4) == 512  # no data yet: keeps its budget, measures
+
+
+def _scheduler(ttft_slo_s: float = 0.2, itl_slo_s: float = 0.05) -> Scheduler:
+    classes = dict(DEFAULT_CLASS_POLICIES)
+    classes[RT] = replace(classes[RT], ttft_slo_s=ttft_slo_s, itl_slo_s=itl_slo_s)
+    config = SchedulerConfig(
+        max_model_len=8192,
+        max_num_batched_tokens=512,
+        policy=PolicyConfig(classes=classes, min_batched_tokens=16, latency_memory_s=1.0),
+    )
+    sched = Scheduler(config, BlockManager(2048, 16))
+    trained(sched.policy.budget.model)
+    return sched
+
+
+def test_budget_shrinks_while_a_realtime_request_decodes_and_grows_after() -> None:
+    sched = _scheduler(itl_slo_s=0.05)
+    sched.add(seq("doc", BATCH, prompt=4000, max_tokens=4))
+    sched.add(seq("chat", RT, prompt=10, max_tokens=3))
+    budgets = []
+    now = T0
+    for _ in range(12):
+        batch = step(sched, now)
+        assert batch is not None
+        budgets.append(batch.budget)
+        now += 0.05
+    # The chat's prompt and two decodes: steps kept to its 50 ms inter-token target (64 tokens).
+    assert budgets[1:3] == [64, 64]
+    # Then only the document: steps stay short for latency_memory_s (another chat may arrive) ...
+    assert budgets[3] == 64
+    # ... and after it the budget doubles toward the most efficient measured size.
+    later = []
+    for _ in range(6):
+        batch = step(sched, now + 2.0)
+        assert batch is not None
+        later.append(batch.budget)
+    assert later[:4] == [128, 256, 512, 512]
+
+
+def test_waiting_realtime_request_caps_the_step_at_its_ttft_slack() -> None:
+    sched = _scheduler(ttft_slo_s=0.1)
+    sched.add(seq("doc", BATCH, prompt=4000, max_tokens=4))
+    step(sched)  # doc alone: the full budget
+    sched.add(seq("chat", RT, prompt=10, arrival=T0))
+    batch = sched.schedule(T0)
+    assert batch is not None and batch.budget == 128  # predicted 75 ms <= 100 ms of slack
+    assert batch.seqs[0].request_id == "chat"
+    late = _scheduler(ttft_slo_s=0.1)
+    late.add(seq("doc", BATCH, prompt=4000, max_tokens=4))
+    step(late)
+    late.add(seq("chat", RT, prompt=10, arrival=T0))
+    batch = late.schedule(T0 + 0.09)  # 10 ms of slack left: the smallest budget that holds the chat
+    assert batch is not None and batch.budget == 16
+
+
+def test_fifo_budget_is_fixed() -> None:
+    config = SchedulerConfig(max_model_len=8192, max_num_batched_tokens=512, policy=PolicyConfig(name="fifo"))
+    sched = Scheduler(config, BlockManager(2048, 16))
+    trained(sched.policy.budget.model)
+    sched.add(seq("doc", BATCH, prompt=4000))
+    sched.add(seq("chat", RT, prompt=10))
+    assert step(sched).budget == 512  # type: ignore[union-attr]
