@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
+from typing import TypeVar
+
+_E = TypeVar("_E", bound=enum.StrEnum)
 
 
 def env_str(environ: Mapping[str, str], name: str, default: str) -> str:
@@ -40,3 +44,17 @@ def env_int(environ: Mapping[str, str], name: str, default: int, minimum: int | 
 def env_optional_int(environ: Mapping[str, str], name: str) -> int | None:
     """An integer if the variable is set, else None."""
     return env_int(environ, name, 0) if environ.get(name) not in (None, "") else None
+
+
+def env_enum(environ: Mapping[str, str], name: str, default: _E) -> _E:
+    """The member of default's StrEnum whose value is environ[name] (case-insensitive), or default;
+    ValueError naming the variable and the choices when it is none of them."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    members = list(type(default))
+    wanted = raw.strip().lower()
+    for member in members:
+        if member.value.lower() == wanted:
+            return member
+    raise ValueError(f"{name}={raw!r}: use {'|'.join(m.value for m in members)}")

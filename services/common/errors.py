@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import grpc
 
 
@@ -27,9 +29,24 @@ class ResourceExhausted(ServiceError):
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
     def __init__(self, message: str, retry_after_s: float | None = None) -> None:
-        hint = f" (retry after {retry_after_s:.1f} s)" if retry_after_s is not None else ""
-        super().__init__(message + hint)
+        super().__init__(message + retry_hint(retry_after_s))
         self.retry_after_s = retry_after_s
+
+
+def retry_hint(retry_after_s: float | None) -> str:
+    """The suffix every RESOURCE_EXHAUSTED message ends with, so callers parse one format; "" for None."""
+    return f" (retry after {retry_after_s:.1f} s)" if retry_after_s is not None else ""
+
+
+_HINT = re.compile(r" \(retry after (\d+(?:\.\d+)?) s\)$")
+
+
+def split_retry_hint(message: str) -> tuple[str, float | None]:
+    """(message without its retry_hint suffix, the hinted seconds); (message, None) when it has none."""
+    match = _HINT.search(message)
+    if match is None:
+        return message, None
+    return message[: match.start()], float(match.group(1))
 
 
 class Unavailable(ServiceError):

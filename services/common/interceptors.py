@@ -7,8 +7,8 @@ from typing import Any
 
 import grpc
 
-from services.common.errors import ServiceError
-from services.worker.engine.errors import EngineDeadError, InvalidRequestError
+from services.common.errors import ServiceError, retry_hint
+from services.worker.engine.errors import AdmissionError, EngineDeadError, InvalidRequestError
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
@@ -19,10 +19,12 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, EngineDeadError):
         return grpc.StatusCode.UNAVAILABLE, str(exc)
+    if isinstance(exc, AdmissionError):  # worded like ResourceExhausted: one hint format for callers
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc) + retry_hint(exc.retry_after_s)
     return None
 
 
-_TYPED = (ServiceError, InvalidRequestError, EngineDeadError)
+_TYPED = (ServiceError, InvalidRequestError, EngineDeadError, AdmissionError)
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:

@@ -15,7 +15,13 @@ import grpc
 from opentelemetry import trace
 
 from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc, placer_pb2
-from services.common.errors import InvalidArgument, ResourceExhausted, ServiceError, Unavailable
+from services.common.errors import (
+    InvalidArgument,
+    ResourceExhausted,
+    ServiceError,
+    Unavailable,
+    split_retry_hint,
+)
 from services.common.workload import WorkloadClass
 from services.gateway.classify import classify_generate
 from services.gateway.config import GatewaySettings
@@ -166,6 +172,9 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         return cap_s if remaining is None else min(remaining, cap_s)
 
 
+_DEFAULT_RETRY_S = 1.0  # when an overloaded worker gave no hint of its own
+
+
 def _final_code(last_error: grpc.aio.AioRpcError | None) -> grpc.StatusCode:
     """Every worker overloaded -> RESOURCE_EXHAUSTED (the caller should back off); else UNAVAILABLE."""
     if last_error is not None and last_error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
@@ -176,7 +185,12 @@ def _final_code(last_error: grpc.aio.AioRpcError | None) -> grpc.StatusCode:
 def _exhausted(last_error: grpc.aio.AioRpcError | None, attempts: int, what: str) -> ServiceError:
     detail = last_error.details() if last_error else "no attempt made"
     if _final_code(last_error) == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return ResourceExhausted(f"every worker tried is overloaded ({detail})", retry_after_s=1.0)
+        # Pass on the worker's own hint (it knows its queue and token rate) rather than adding a second.
+        detail, hinted = split_retry_hint(detail or "")
+        return ResourceExhausted(
+            f"every worker tried is overloaded ({detail})",
+            retry_after_s=hinted if hinted is not None else _DEFAULT_RETRY_S,
+        )
     return Unavailable(f"no worker {what} after {attempts} attempts: {detail}")
 
 

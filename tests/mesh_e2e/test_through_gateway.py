@@ -14,6 +14,7 @@ from hanzo.inference.v1 import common_pb2, inference_pb2, worker_pb2
 from services.common.redis_server import RedisServer
 from services.worker.engine import LLM, SamplingParams
 from services.worker.engine.embedding import EmbeddingEngine
+from services.worker.server.config import parse_class_policies
 from tests.mesh_e2e.conftest import AUTH, Mesh, running_mesh
 from tests.placer.cluster_helpers import eventually
 
@@ -135,14 +136,26 @@ async def _with_deadline(mesh: Mesh, request: inference_pb2.GenerateRequest, tim
     return [r async for r in mesh.inference.Generate(request, metadata=AUTH, timeout=timeout_s)]
 
 
-async def test_overloaded_workers_answer_resource_exhausted(redis_server, model_dirs) -> None:
-    from tests.mesh_e2e.conftest import running_mesh
-
-    async with running_mesh(redis_server.url, {"llama": model_dirs["llama"]}, max_waiting=0) as mesh:
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"max_waiting": 0},  # the worker's own queue limit
+        {"class_policies": parse_class_policies('{"BATCH": {"max_waiting": 0}}', "test")},  # the engine's
+    ],
+    ids=["worker_max_waiting", "engine_class_queue"],
+)
+async def test_overloaded_workers_answer_resource_exhausted(redis_server, model_dirs, overrides) -> None:
+    async with running_mesh(redis_server.url, {"llama": model_dirs["llama"]}, **overrides) as mesh:
         with pytest.raises(grpc.aio.AioRpcError) as err:
-            await collect(mesh, generate("hi"))
+            await collect(mesh, generate("hi", workload_class=common_pb2.WORKLOAD_CLASS_BATCH))
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        assert "retry after" in err.value.details()
+        assert "every worker tried is overloaded" in err.value.details()
+        details = err.value.details()
+        assert details.count("retry after") == 1, details  # the worker's hint, passed on once
+        labels = {"model": "llama", "workload_class": "BATCH", "reason": "queue_full"}
+        for worker in mesh.workers:  # the gateway moved the refused request on to the other worker
+            registry = worker.metrics.registry
+            assert registry.get_sample_value("hanzo_worker_requests_rejected_total", labels) == 1
 
 
 async def test_cancelled_stream_frees_the_workers_kv(mesh: Mesh) -> None:

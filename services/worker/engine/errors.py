@@ -22,9 +22,16 @@ class EngineDeadError(EngineError, RuntimeError):
 
 
 class AdmissionError(EngineError):
-    """The engine will not take this request now (queue full, or it waited past its class's queue
-    timeout); maps to RESOURCE_EXHAUSTED. retry_after_s: when trying again is likely to succeed."""
+    """The engine will not take this request now; maps to RESOURCE_EXHAUSTED.
 
-    def __init__(self, message: str, retry_after_s: float) -> None:
+    reason: QUEUE_FULL (refused at add: its class's queue is at its limit) or QUEUE_TIMEOUT (it waited
+    past its class's queue timeout without being scheduled). retry_after_s: when trying again is likely
+    to succeed."""
+
+    QUEUE_FULL = "queue_full"
+    QUEUE_TIMEOUT = "queue_timeout"
+
+    def __init__(self, message: str, retry_after_s: float, reason: str) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.reason = reason

@@ -33,7 +33,8 @@ class EngineStats:
     generated_tokens: int = 0
     preemptions_by_class: Counter[WorkloadClass] = field(default_factory=Counter)
     rejections_by_class: Counter[WorkloadClass] = field(default_factory=Counter)  # queue timeouts
-    steps_by_budget: Counter[int] = field(default_factory=Counter)  # how often each budget was chosen
+    # Steps per chosen token budget, rounded up to a power of two (a bounded set of keys for metrics).
+    steps_by_budget: Counter[int] = field(default_factory=Counter)
     last_budget: int = 0
 
 
@@ -123,7 +124,7 @@ class LLMEngine:
         stats.preemptions += len(batch.preempted)
         for seq in batch.preempted:
             stats.preemptions_by_class[seq.hints.workload] += 1
-        stats.steps_by_budget[batch.budget] += 1
+        stats.steps_by_budget[1 << max(0, batch.budget - 1).bit_length()] += 1
         stats.last_budget = batch.budget
         for seq, token in zip(batch.seqs, sampled, strict=True):
             if token is not None:  # None: a prefill chunk that has not reached the prompt's end

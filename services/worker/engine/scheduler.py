@@ -320,6 +320,7 @@ class Scheduler:
                 f"not scheduled within the {seq.hints.workload.name} queue timeout of {timeout:g} s "
                 f"({self.num_waiting} requests waiting)",
                 retry_after_s=policy.retry_after(self._waiting_tokens),
+                reason=AdmissionError.QUEUE_TIMEOUT,
             )
             batch.rejected.append((seq, error))
 

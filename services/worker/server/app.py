@@ -86,15 +86,7 @@ class WorkerApp:
         )
 
     async def _gauges(self) -> None:
-        """Refresh the load gauges from the engines (cheap reads) once a second."""
+        """Refresh the engine-state metrics (cheap reads) once a second."""
         while True:
-            for served in list(self.host.models.values()):
-                if served.llm is None:
-                    continue
-                self.metrics.running.labels(served.name).set(served.running)
-                self.metrics.waiting.labels(served.name).set(served.waiting)
-                self.metrics.kv_usage.labels(served.name).set(served.kv_usage)
-                self.metrics.prefix_hits.labels(served.name).set(
-                    served.llm.engine.block_manager.prefix_hit_tokens
-                )
+            self.metrics.refresh(list(self.host.models.values()))
             await asyncio.sleep(1.0)

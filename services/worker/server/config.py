@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
-from services.common.env import env_float, env_int, env_optional_int, env_str
+from services.common.env import env_enum, env_float, env_int, env_optional_int, env_str
+from services.common.workload import WorkloadClass
+from services.worker.engine.policy.classes import (
+    DEFAULT_CLASS_POLICIES,
+    ClassPolicy,
+    PolicyConfig,
+    PolicyName,
+)
+
+_POLICY_FIELDS = tuple(f.name for f in dataclasses.fields(ClassPolicy))
+_DEFAULT_POLICY = PolicyConfig()
 
 
 def parse_models(raw: str, variable: str) -> dict[str, Path]:
@@ -24,11 +38,76 @@ def parse_models(raw: str, variable: str) -> dict[str, Path]:
     return models
 
 
+def parse_class_policies(raw: str, variable: str) -> Mapping[WorkloadClass, ClassPolicy]:
+    """A JSON object {"BATCH": {"max_waiting": 2}, ...} merged field by field over DEFAULT_CLASS_POLICIES
+    (class names case-insensitive; null clears a limit). ValueError naming the variable and the bad key.
+    An empty string means the defaults."""
+    if not raw.strip():
+        return DEFAULT_CLASS_POLICIES
+    try:
+        overrides = json.loads(raw, object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except ValueError as exc:
+        raise ValueError(f"{variable}: not a JSON object of class -> fields ({exc})") from None
+    if not isinstance(overrides, dict):
+        raise ValueError(f"{variable}: expected a JSON object of class -> fields, got {raw!r}")
+    merged = dict(DEFAULT_CLASS_POLICIES)
+    seen: set[WorkloadClass] = set()
+    for key, fields in overrides.items():
+        workload = WorkloadClass.__members__.get(key.upper())
+        if workload is None:
+            known = ", ".join(WorkloadClass.__members__)
+            raise ValueError(f"{variable}: unknown workload class {key!r} (known: {known})")
+        if workload in seen:
+            raise ValueError(f"{variable}: workload class {key!r} is given twice")
+        seen.add(workload)
+        if not isinstance(fields, dict):
+            raise ValueError(f"{variable}: {key}: expected an object of fields, got {fields!r}")
+        for name, value in fields.items():
+            _check_field(variable, key, name, value)
+        try:
+            merged[workload] = dataclasses.replace(merged[workload], **fields)
+        except ValueError as exc:
+            raise ValueError(f"{variable}: {key}: {exc}") from None
+    return MappingProxyType(merged)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json object hook: a key given twice is a mistake, not "the last one wins"."""
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise ValueError(f"key {key!r} is given twice")
+        result[key] = value
+    return result
+
+
+def _no_constant(name: str) -> float:
+    """json constant hook: NaN and Infinity are no limit or SLO (use null for "none")."""
+    raise ValueError(f"{name} is not a finite number")
+
+
+def _check_field(variable: str, workload: str, name: str, value: object) -> None:
+    """One override's field exists on ClassPolicy and has its JSON type (bool is not a number here)."""
+    if name not in _POLICY_FIELDS:
+        known = ", ".join(_POLICY_FIELDS)
+        raise ValueError(f"{variable}: {workload}: unknown field {name!r} (known: {known})")
+    wants_int = name in ("priority", "max_waiting")
+    number = isinstance(value, int) if wants_int else isinstance(value, int | float)
+    nullable = name != "priority"
+    if isinstance(value, bool) or not (number or (nullable and value is None)):
+        kind = "an integer" if wants_int else "a number"
+        raise ValueError(
+            f"{variable}: {workload}.{name} must be {kind}{' or null' if nullable else ''}, got {value!r}"
+        )
+
+
 @dataclass(frozen=True)
 class WorkerSettings:
     """models: the catalog this worker may serve (name -> checkpoint dir); all are loaded at start.
     node_id None means "<hostname>-<bound port>". advertise_address None means the bound address.
-    max_waiting: queued requests per model before new ones get RESOURCE_EXHAUSTED."""
+    max_waiting: queued requests per model before new ones get RESOURCE_EXHAUSTED (every class together;
+    class_policies sets each class's own limit, queue timeout and SLOs). scheduling_policy, class_policies
+    and latency_reserve make every engine's PolicyConfig (policy_config())."""
 
     host: str = "127.0.0.1"
     port: int = 50061
@@ -48,6 +127,20 @@ class WorkerSettings:
     hostname: str = field(default_factory=socket.gethostname)
     heartbeat_interval_s: float = 1.0
     drain_timeout_s: float = 10.0
+    scheduling_policy: PolicyName = PolicyName.ADAPTIVE
+    class_policies: Mapping[WorkloadClass, ClassPolicy] = field(
+        default_factory=lambda: DEFAULT_CLASS_POLICIES
+    )
+    latency_reserve: float = _DEFAULT_POLICY.latency_reserve
+
+    def __post_init__(self) -> None:
+        self.policy_config()  # a bad policy fails at start, not at the first model load
+
+    def policy_config(self) -> PolicyConfig:
+        """The scheduling policy every engine of this worker runs (ValueError when inconsistent)."""
+        return PolicyConfig(
+            name=self.scheduling_policy, classes=self.class_policies, latency_reserve=self.latency_reserve
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> WorkerSettings:
@@ -76,4 +169,15 @@ class WorkerSettings:
                 environ, p + "HEARTBEAT_INTERVAL_S", cls.heartbeat_interval_s, 0.01
             ),
             drain_timeout_s=env_float(environ, p + "DRAIN_TIMEOUT_S", cls.drain_timeout_s, 0.0),
+            scheduling_policy=env_enum(environ, p + "SCHEDULING_POLICY", PolicyName.ADAPTIVE),
+            class_policies=parse_class_policies(environ.get(p + "CLASS_POLICIES", ""), p + "CLASS_POLICIES"),
+            latency_reserve=_fraction(environ, p + "LATENCY_RESERVE", cls.latency_reserve),
         )
+
+
+def _fraction(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A float in [0, 1) from environ[name], or default; ValueError naming the variable otherwise."""
+    value = env_float(environ, name, default, minimum=0.0)
+    if value >= 1.0:
+        raise ValueError(f"{name}={environ[name]!r} must be < 1 (a fraction of the KV pool)")
+    return value

@@ -139,6 +139,7 @@ class ModelHost:
                 kv_cache_bytes=s.kv_cache_bytes,
                 max_num_seqs=s.max_num_seqs,
                 max_num_batched_tokens=s.max_num_batched_tokens,
+                policy=s.policy_config(),
             ),
         )
         return ServedModel(name, GENERATE, _weight_bytes(engine.runner.model), llm=AsyncLLM(engine))

@@ -3,7 +3,18 @@ so dashboards carry over; labelled by model and workload class."""
 
 from __future__ import annotations
 
+import weakref
+from collections.abc import Hashable, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from services.common.workload import WorkloadClass
+from services.worker.engine.llm_engine import LLMEngine
+from services.worker.server.host import ServedModel
+
+_K = TypeVar("_K", bound=Hashable)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
@@ -80,3 +91,71 @@ class WorkerMetrics:
             ["model"],
             registry=r,
         )
+        self.preemptions = Counter(
+            "hanzo_worker_num_preemptions",
+            "Sequences preempted, by the preempted one's class (vllm:num_preemptions_total)",
+            labels,
+            registry=r,
+        )
+        self.rejected = Counter(
+            "hanzo_worker_requests_rejected",
+            "Generate calls refused with RESOURCE_EXHAUSTED: reason queue_full (a class queue or the "
+            "worker's max_waiting was full at arrival) or queue_timeout (not scheduled within the class's "
+            "queue timeout)",
+            [*labels, "reason"],
+            registry=r,
+        )
+        self.step_budget = Gauge(
+            "hanzo_worker_step_token_budget",
+            "Token budget the scheduling policy chose for the latest engine step",
+            ["model"],
+            registry=r,
+        )
+        self.steps = Counter(
+            "hanzo_worker_engine_steps",
+            "Engine steps run, by the token budget chosen for them",
+            ["model", "budget"],
+            registry=r,
+        )
+        # Engine counters are cumulative per engine; a reloaded model is a new engine starting at zero.
+        self._seen: weakref.WeakKeyDictionary[LLMEngine, _Exported] = weakref.WeakKeyDictionary()
+
+    def refresh(self, models: Iterable[ServedModel]) -> None:
+        """Copy engine state into the metrics: load gauges as they are now, the engine's cumulative
+        counters by what they gained since the last refresh. Cheap reads; call from the event loop."""
+        for served in models:
+            if served.llm is None:
+                continue
+            name = served.name
+            engine = served.llm.engine
+            self.running.labels(name).set(served.running)
+            self.waiting.labels(name).set(served.waiting)
+            self.kv_usage.labels(name).set(served.kv_usage)
+            self.prefix_hits.labels(name).set(engine.block_manager.prefix_hit_tokens)
+            stats = engine.stats
+            if stats.steps:  # before the first step there is no budget to report
+                self.step_budget.labels(name).set(stats.last_budget)
+            exported = self._seen.setdefault(engine, _Exported())
+            # dict.copy: one C call under the GIL, so the engine thread cannot grow the Counter while
+            # we iterate it (iterating it in place could raise "dictionary changed size").
+            for workload, gained in _gained(dict.copy(stats.preemptions_by_class), exported.preemptions):
+                self.preemptions.labels(name, workload.name).inc(gained)
+            for budget, gained in _gained(dict.copy(stats.steps_by_budget), exported.steps):
+                self.steps.labels(name, str(budget)).inc(gained)
+
+
+@dataclass
+class _Exported:
+    """One engine's cumulative counters as last added to the metrics."""
+
+    preemptions: dict[WorkloadClass, int] = field(default_factory=dict)
+    steps: dict[int, int] = field(default_factory=dict)
+
+
+def _gained(now: Mapping[_K, int], exported: dict[_K, int]) -> Iterator[tuple[_K, int]]:
+    """(key, increase) for each key of a cumulative counter that grew since `exported`, which it updates."""
+    for key, value in now.items():
+        increase = value - exported.get(key, 0)
+        if increase > 0:
+            exported[key] = value
+            yield key, increase

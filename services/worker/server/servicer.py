@@ -13,10 +13,14 @@ from hanzo.inference.v1 import inference_pb2, placer_pb2, worker_pb2, worker_pb2
 from services.common.errors import ResourceExhausted
 from services.common.tracing import record_span
 from services.common.workload import WorkloadClass
+from services.worker.engine.errors import AdmissionError
 from services.worker.engine.outputs import RequestOutput
+from services.worker.engine.policy.classes import SchedulingHints
 from services.worker.server.convert import FINISH_REASONS, prompt_of, sampling_params
 from services.worker.server.host import ModelHost
 from services.worker.server.metrics import WorkerMetrics
+
+# Reasons of hanzo_worker_requests_rejected.
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -33,36 +37,42 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         llm = self.host.generator(request.model)
         params = sampling_params(request.sampling)
         prompt = prompt_of(request)
+        workload = _workload(request.workload_class)
+        labels = (request.model, workload.name)
         scheduler = llm.engine.scheduler
         if scheduler.num_waiting >= self.host.settings.max_waiting:
+            self.metrics.rejected.labels(*labels, AdmissionError.QUEUE_FULL).inc()
             raise ResourceExhausted(
                 f"worker {self.node_id} has {scheduler.num_waiting} requests queued for {request.model!r}",
                 retry_after_s=1.0,
             )
-        workload = _workload(request.workload_class)
-        labels = (request.model, workload.name)
+        hints = SchedulingHints(workload=workload, tenant=request.tenant, deadline=_deadline(context))
         request_id = request.request_id or uuid.uuid4().hex
         started = time.monotonic()
         first_token_at = last_token_at = None
         final: RequestOutput | None = None
-        async for out in llm.generate(prompt, params, request_id=request_id):
-            now = time.monotonic()
-            response = inference_pb2.GenerateResponse(
-                request_id=request_id, token_ids=out.new_token_ids, text=out.new_text
-            )
-            if first_token_at is None:
-                first_token_at = now
-                response.workload_class = int(workload)
-                response.node_id = self.node_id
-                self.metrics.ttft.labels(*labels).observe(now - started)
-            elif out.new_token_ids and last_token_at is not None:
-                self.metrics.itl.labels(*labels).observe(now - last_token_at)
-            last_token_at = now
-            if out.finished:
-                final = out
-                response.finish_reason = FINISH_REASONS[out.finish_reason or "abort"]
-                response.usage.CopyFrom(_usage(out))
-            yield response
+        try:
+            async for out in llm.generate(prompt, params, request_id=request_id, hints=hints):
+                now = time.monotonic()
+                response = inference_pb2.GenerateResponse(
+                    request_id=request_id, token_ids=out.new_token_ids, text=out.new_text
+                )
+                if first_token_at is None:
+                    first_token_at = now
+                    response.workload_class = int(workload)
+                    response.node_id = self.node_id
+                    self.metrics.ttft.labels(*labels).observe(now - started)
+                elif out.new_token_ids and last_token_at is not None:
+                    self.metrics.itl.labels(*labels).observe(now - last_token_at)
+                last_token_at = now
+                if out.finished:
+                    final = out
+                    response.finish_reason = FINISH_REASONS[out.finish_reason or "abort"]
+                    response.usage.CopyFrom(_usage(out))
+                yield response
+        except AdmissionError as exc:  # the interceptor turns it into RESOURCE_EXHAUSTED with the hint
+            self.metrics.rejected.labels(*labels, exc.reason).inc()
+            raise
         if final is not None and first_token_at is not None:
             self._record(request.model, workload, params.max_tokens, started, first_token_at, final)
 
@@ -155,6 +165,12 @@ def _usage(out: RequestOutput) -> inference_pb2.Usage:
         completion_tokens=out.num_output_tokens,
         cached_prompt_tokens=out.num_cached_tokens,
     )
+
+
+def _deadline(context: grpc.aio.ServicerContext) -> float | None:
+    """The caller's gRPC deadline as a time.monotonic() instant; None when the caller set none."""
+    remaining = context.time_remaining()
+    return None if remaining is None else time.monotonic() + remaining
 
 
 def _workload(value: int) -> WorkloadClass:

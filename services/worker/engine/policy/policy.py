@@ -88,6 +88,7 @@ class SchedulingPolicy:
             raise AdmissionError(
                 f"the {seq.hints.workload.name} queue is full ({waiting_in_class} waiting, limit {limit})",
                 retry_after_s=self.retry_after(tokens_ahead),
+                reason=AdmissionError.QUEUE_FULL,
             )
 
     def queue_timeout(self, seq: Sequence) -> float | None:
