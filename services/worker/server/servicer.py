@@ -20,8 +20,6 @@ from services.worker.server.convert import FINISH_REASONS, prompt_of, sampling_p
 from services.worker.server.host import ModelHost
 from services.worker.server.metrics import WorkerMetrics
 
-# Reasons of hanzo_worker_requests_rejected.
-
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def __init__(self, node_id: str, host: ModelHost, metrics: WorkerMetrics, tracer: trace.Tracer) -> None:
