@@ -11,7 +11,7 @@ from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.policy.budget import BudgetController, StepTimeModel
 from services.worker.engine.policy.classes import DEFAULT_CLASS_POLICIES, PolicyConfig
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig
-from tests.worker.engine.test_policy_scheduler import BATCH, RT, T0, seq, step
+from tests.worker.engine.test_policy_scheduler import AGENT, BATCH, RT, T0, ids, seq, step
 
 # Measured on a made-up engine: bigger steps are more efficient per token, but longer.
 STEP_SECONDS = {16: 0.02, 64: 0.05, 256: 0.125, 512: 0.2}
@@ -65,6 +65,16 @@ def test_step_time_model_follows_a_change_without_jumping_on_one_sample() -> Non
 def test_controller_fits_the_target(target_s: float, floor: int, expected: int) -> None:
     controller = BudgetController(16, 512, trained())
     assert controller.choose(target_s, 2, floor) == expected
+
+
+def test_unreachable_target_does_not_shrink_steps_for_nothing() -> None:
+    # A step's fixed cost dominates: 16 tokens take 20 ms, 64 take 23 ms. A 10 ms target is out of reach
+    # either way, so the controller keeps the budget whose step is within 20% of the shortest.
+    model = StepTimeModel()
+    for tokens, seconds in {16: 0.020, 32: 0.021, 64: 0.023, 128: 0.03, 512: 0.06}.items():
+        model.observe(tokens, 2, seconds)
+    assert BudgetController(16, 512, model).choose(0.01, 2) == 64
+    assert BudgetController(16, 512, model).choose(0.03, 2) == 128  # reachable: the target decides
 
 
 def test_controller_grows_by_doubling_toward_the_best_throughput() -> None:
@@ -137,6 +147,17 @@ def test_waiting_realtime_request_caps_the_step_at_its_ttft_slack() -> None:
     late.add(seq("chat", RT, prompt=10, arrival=T0))
     batch = late.schedule(T0 + 0.09)  # 10 ms of slack left: the smallest budget that holds the chat
     assert batch is not None and batch.budget == 16
+
+
+def test_only_the_most_urgent_levels_tokens_are_exempt_from_the_budget() -> None:
+    sched = _scheduler(ttft_slo_s=0.1)
+    sched.add(seq("doc", BATCH, prompt=4000, max_tokens=4))
+    step(sched)
+    sched.add(seq("chat", RT, prompt=10, arrival=T0))
+    sched.add(seq("tool", AGENT, prompt=300, arrival=T0))
+    batch = sched.schedule(T0 + 0.09)  # the chat's slack is nearly gone: the smallest budget
+    assert batch is not None
+    assert list(zip(ids(batch.seqs), batch.num_tokens, strict=True)) == [("chat", 10), ("tool", 6)]
 
 
 def test_fifo_budget_is_fixed() -> None:

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 _EWMA = 0.2  # weight of a new sample: a few steps to follow a change, robust to one noisy step
 _NEAR_BEST = 0.95  # a budget within 5% of the best tokens/s is as good, and keeps steps shorter
+# When even the smallest step misses the target, shrinking further buys almost no latency (a step's fixed
+# cost dominates) and costs most of the throughput: accept steps up to this much over the smallest.
+_INFEASIBLE_SLACK = 1.2
 
 
 def _bucket(n: int) -> int:
@@ -93,13 +96,16 @@ class BudgetController:
         return min(self.maximum, max(self.current, floor, self.minimum))
 
     def _fit(self, target_s: float, seqs: int) -> int:
-        """The largest candidate predicted to finish within target_s; the smallest if none does."""
+        """The largest candidate predicted to finish within target_s; if even the smallest cannot, the
+        largest within _INFEASIBLE_SLACK of the smallest's predicted time."""
+        shortest = self.model.estimate(self.candidates[0], seqs)
+        if shortest is None:
+            return self.current  # no step measured yet: keep the budget and measure
+        limit = target_s if shortest <= target_s else shortest * _INFEASIBLE_SLACK
         fitting = self.minimum
         for budget in self.candidates:
             predicted = self.model.estimate(budget, seqs)
-            if predicted is None:
-                return self.current  # no step measured yet: keep the budget and measure
-            if predicted > target_s:
+            if predicted is None or predicted > limit:
                 break
             fitting = budget
         return fitting

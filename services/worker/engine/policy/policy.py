@@ -119,26 +119,29 @@ class SchedulingPolicy:
         if not self.adaptive:
             return self.budget.maximum
         target = math.inf
-        floor = 0
+        floors: dict[int, int] = {}  # priority level -> tokens its latency work needs this step
         num_seqs = 0
         for seq in running:
             num_seqs += 1
             if self.is_latency(seq):
-                target, floor = self._latency_need(seq, now, target, floor)
+                target = self._latency_need(seq, now, target, floors)
         for level in self._latency_levels:
             for seq in waiting.level(level):
                 if self.is_latency(seq):
                     num_seqs += 1
-                    target, floor = self._latency_need(seq, now, target, floor)
+                    target = self._latency_need(seq, now, target, floors)
         if target == math.inf:
             target = self._recent_target(now)
+        # Only the most urgent level's tokens are exempt from the target: a chat request's step must not
+        # grow by an agent's long prompt, which is chunked to the budget like any other work.
+        floor = floors[min(floors)] if floors else 0
         return self.budget.choose(None if target == math.inf else target, num_seqs, floor)
 
-    def _latency_need(self, seq: Sequence, now: float, target: float, floor: int) -> tuple[float, int]:
-        """Fold one latency-class sequence into (step-time target, tokens it needs this step)."""
+    def _latency_need(self, seq: Sequence, now: float, target: float, floors: dict[int, int]) -> float:
+        """Fold one latency-class sequence into the step-time target (returned) and its level's floor."""
         policy = self.class_of(seq)
         self._last_seen[seq.hints.workload] = now
-        remaining = seq.num_tokens - seq.num_computed_tokens
+        floors[seq.priority] = floors.get(seq.priority, 0) + seq.num_tokens - seq.num_computed_tokens
         if seq.num_output_tokens == 0:  # still before its first token: the TTFT target applies
             ttft = seq.hints.ttft_slo_s or policy.ttft_slo_s
             if ttft is not None:
@@ -146,7 +149,7 @@ class SchedulingPolicy:
                 target = min(target, max(0.0, ttft - (now - seq.arrival_time)))
         elif policy.itl_slo_s is not None:
             target = min(target, policy.itl_slo_s)
-        return target, floor + remaining
+        return target
 
     def _recent_target(self, now: float) -> float:
         """With latency traffic seen within latency_memory_s, keep steps short enough that the next
