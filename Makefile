@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/hanzo/inference/v1/*.proto)
 GENERATED := hanzo/inference/v1/placer_pb2.py
 
-.PHONY: setup protos demo up test lint bench bench-quick bench-placer bench-mesh clean
+.PHONY: setup protos demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,10 @@ bench-placer: setup
 
 bench-mesh: setup
 	$(PY) bench/mesh.py
+
+# fifo vs adaptive scheduling on one seeded mixed trace (batch + real-time + agent); `--quick` for < 2 min.
+bench-mixed: setup
+	$(PY) bench/mixed.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache hanzo

@@ -12,6 +12,7 @@ import itertools
 import logging
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ class _Add:
     prompt: str | list[int]
     params: SamplingParams
     hints: SchedulingHints
+    arrival_time: float  # time.monotonic() when generate() was called
     done: concurrent.futures.Future[None]
 
 
@@ -102,7 +104,7 @@ class AsyncLLM:
         finished = False
         try:
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
-            self._put(_Add(request_id, prompt, params, hints, done))
+            self._put(_Add(request_id, prompt, params, hints, time.monotonic(), done))
             await asyncio.wrap_future(done)
             while True:
                 item = await stream.get()
@@ -186,7 +188,11 @@ class AsyncLLM:
             if isinstance(command, _Add):
                 try:
                     self.engine.add_request(
-                        command.request_id, command.prompt, command.params, hints=command.hints
+                        command.request_id,
+                        command.prompt,
+                        command.params,
+                        hints=command.hints,
+                        arrival_time=command.arrival_time,
                     )
                     command.done.set_result(None)
                 except Exception as exc:  # bad input: only this request fails

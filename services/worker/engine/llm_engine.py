@@ -78,14 +78,22 @@ class LLMEngine:
         *,
         detokenize: bool = True,
         hints: SchedulingHints = DEFAULT_HINTS,
+        arrival_time: float | None = None,
     ) -> Sequence:
         """Validate and queue a request; raises InvalidRequestError on bad input and AdmissionError when
-        its class's queue is full (nothing queued either way). hints: class, tenant, deadline."""
+        its class's queue is full (nothing queued either way). hints: class, tenant, deadline.
+        arrival_time: time.monotonic() when the request reached the server (None: now); TTFT targets
+        and queue timeouts count from it, so time spent waiting for the step thread counts too."""
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling", f"expected SamplingParams, got {type(params).__name__}")
         token_ids = self._tokenize(prompt)
         seq = Sequence(
-            request_id, token_ids, params, eos_token_ids=self.model_config.eos_token_ids, hints=hints
+            request_id,
+            token_ids,
+            params,
+            eos_token_ids=self.model_config.eos_token_ids,
+            arrival_time=arrival_time,
+            hints=hints,
         )
         self.scheduler.add(seq)
         if self.tokenizer is not None and (detokenize or params.stop):

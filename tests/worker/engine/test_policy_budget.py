@@ -160,6 +160,17 @@ def test_only_the_most_urgent_levels_tokens_are_exempt_from_the_budget() -> None
     assert list(zip(ids(batch.seqs), batch.num_tokens, strict=True)) == [("chat", 10), ("tool", 6)]
 
 
+def test_less_urgent_latency_work_past_half_its_ttft_target_is_exempt_too() -> None:
+    sched = _scheduler(ttft_slo_s=0.1)
+    sched.add(seq("doc", BATCH, prompt=4000, max_tokens=4))
+    step(sched)
+    sched.add(seq("chat", RT, prompt=10, arrival=T0))
+    sched.add(seq("tool", AGENT, prompt=300, arrival=T0 - 0.2))  # 290 of its 300 ms are gone
+    batch = sched.schedule(T0 + 0.09)
+    assert batch is not None
+    assert list(zip(ids(batch.seqs), batch.num_tokens, strict=True)) == [("chat", 10), ("tool", 300)]
+
+
 def test_fifo_budget_is_fixed() -> None:
     config = SchedulerConfig(max_model_len=8192, max_num_batched_tokens=512, policy=PolicyConfig(name="fifo"))
     sched = Scheduler(config, BlockManager(2048, 16))

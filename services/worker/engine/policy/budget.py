@@ -98,13 +98,14 @@ class BudgetController:
     def _fit(self, target_s: float, seqs: int) -> int:
         """The largest candidate predicted to finish within target_s; if even the smallest cannot, the
         largest within _INFEASIBLE_SLACK of the smallest's predicted time."""
-        shortest = self.model.estimate(self.candidates[0], seqs)
+        # A step of b tokens holds at most b sequences: mostly decodes, and each costs its own context.
+        shortest = self.model.estimate(self.candidates[0], min(self.candidates[0], seqs))
         if shortest is None:
             return self.current  # no step measured yet: keep the budget and measure
         limit = target_s if shortest <= target_s else shortest * _INFEASIBLE_SLACK
         fitting = self.minimum
         for budget in self.candidates:
-            predicted = self.model.estimate(budget, seqs)
+            predicted = self.model.estimate(budget, min(budget, seqs))
             if predicted is None or predicted > limit:
                 break
             fitting = budget

@@ -119,34 +119,42 @@ class SchedulingPolicy:
         if not self.adaptive:
             return self.budget.maximum
         target = math.inf
-        floors: dict[int, int] = {}  # priority level -> tokens its latency work needs this step
+        # priority level -> [tokens its latency work needs now, of which past half their TTFT target]
+        needs: dict[int, list[int]] = {}
         num_seqs = 0
         for seq in running:
             num_seqs += 1
             if self.is_latency(seq):
-                target = self._latency_need(seq, now, target, floors)
+                target = self._latency_need(seq, now, target, needs)
         for level in self._latency_levels:
             for seq in waiting.level(level):
                 if self.is_latency(seq):
                     num_seqs += 1
-                    target = self._latency_need(seq, now, target, floors)
+                    target = self._latency_need(seq, now, target, needs)
         if target == math.inf:
             target = self._recent_target(now)
-        # Only the most urgent level's tokens are exempt from the target: a chat request's step must not
-        # grow by an agent's long prompt, which is chunked to the budget like any other work.
-        floor = floors[min(floors)] if floors else 0
+        # The most urgent level's tokens are exempt from the target; a less urgent level's only once
+        # they have used half their TTFT target: a chat request's step must not grow by an agent's long
+        # prompt, but the agent's prompt must not be chunked past its own target either.
+        top = min(needs, default=None)
+        floor = sum(tokens if level == top else late for level, (tokens, late) in needs.items())
         return self.budget.choose(None if target == math.inf else target, num_seqs, floor)
 
-    def _latency_need(self, seq: Sequence, now: float, target: float, floors: dict[int, int]) -> float:
-        """Fold one latency-class sequence into the step-time target (returned) and its level's floor."""
+    def _latency_need(self, seq: Sequence, now: float, target: float, needs: dict[int, list[int]]) -> float:
+        """Fold one latency-class sequence into the step-time target (returned) and its level's needs."""
         policy = self.class_of(seq)
         self._last_seen[seq.hints.workload] = now
-        floors[seq.priority] = floors.get(seq.priority, 0) + seq.num_tokens - seq.num_computed_tokens
+        need = needs.setdefault(seq.priority, [0, 0])
+        tokens = seq.num_tokens - seq.num_computed_tokens
+        need[0] += tokens
         if seq.num_output_tokens == 0:  # still before its first token: the TTFT target applies
             ttft = seq.hints.ttft_slo_s or policy.ttft_slo_s
             if ttft is not None:
+                waited = now - seq.arrival_time
                 # The step that carries its last prompt chunk must end before the TTFT target.
-                target = min(target, max(0.0, ttft - (now - seq.arrival_time)))
+                target = min(target, max(0.0, ttft - waited))
+                if waited > ttft / 2:
+                    need[1] += tokens
         elif policy.itl_slo_s is not None:
             target = min(target, policy.itl_slo_s)
         return target
