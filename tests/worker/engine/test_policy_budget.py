@@ -53,6 +53,7 @@ def test_step_time_model_follows_a_change_without_jumping_on_one_sample() -> Non
 @pytest.mark.parametrize(
     ("target_s", "floor", "expected"),
     [
+        (0.001, 10, 16),  # nothing meets it: the minimum (latency work is never cut)
         (0.2, 0, 512),
         (0.13, 0, 256),
         (0.1, 0, 128),
@@ -65,6 +66,12 @@ def test_step_time_model_follows_a_change_without_jumping_on_one_sample() -> Non
 def test_controller_fits_the_target(target_s: float, floor: int, expected: int) -> None:
     controller = BudgetController(16, 512, trained())
     assert controller.choose(target_s, 2, floor) == expected
+
+
+def test_unreachable_first_token_target_runs_the_latency_work_alone() -> None:
+    controller = BudgetController(16, 512, trained())
+    assert controller.choose(0.001, 2, floor=10, alone=10) == 10
+    assert controller.choose(0.2, 2, floor=10, alone=10) == 512  # reachable: the target decides
 
 
 def test_unreachable_target_does_not_shrink_steps_for_nothing() -> None:
@@ -145,8 +152,8 @@ def test_waiting_realtime_request_caps_the_step_at_its_ttft_slack() -> None:
     late.add(seq("doc", BATCH, prompt=4000, max_tokens=4))
     step(late)
     late.add(seq("chat", RT, prompt=10, arrival=T0))
-    batch = late.schedule(T0 + 0.09)  # 10 ms of slack left: the smallest budget that holds the chat
-    assert batch is not None and batch.budget == 16
+    batch = late.schedule(T0 + 0.09)  # 10 ms of slack, less than any step with batch work: chat alone
+    assert batch is not None and batch.budget == 10 and ids(batch.seqs) == ["chat"]
 
 
 def test_only_the_most_urgent_levels_tokens_are_exempt_from_the_budget() -> None:
@@ -155,9 +162,10 @@ def test_only_the_most_urgent_levels_tokens_are_exempt_from_the_budget() -> None
     step(sched)
     sched.add(seq("chat", RT, prompt=10, arrival=T0))
     sched.add(seq("tool", AGENT, prompt=300, arrival=T0))
-    batch = sched.schedule(T0 + 0.09)  # the chat's slack is nearly gone: the smallest budget
+    batch = sched.schedule(T0 + 0.05)  # 50 ms of the chat's slack left: a 64-token step fits
     assert batch is not None
-    assert list(zip(ids(batch.seqs), batch.num_tokens, strict=True)) == [("chat", 10), ("tool", 6)]
+    # The agent's prompt is chunked to what is left of the 64 tokens, not exempt like the chat's.
+    assert list(zip(ids(batch.seqs), batch.num_tokens, strict=True)) == [("chat", 10), ("tool", 54)]
 
 
 def test_less_urgent_latency_work_past_half_its_ttft_target_is_exempt_too() -> None:

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 _EWMA = 0.2  # weight of a new sample: a few steps to follow a change, robust to one noisy step
 _NEAR_BEST = 0.95  # a budget within 5% of the best tokens/s is as good, and keeps steps shorter
-# When even the smallest step misses the target, shrinking further buys almost no latency (a step's fixed
-# cost dominates) and costs most of the throughput: accept steps up to this much over the smallest.
-_INFEASIBLE_SLACK = 1.2
+_INFEASIBLE_SLACK = 1.2  # see BudgetController._fit_unreachable
 
 
 def _bucket(n: int) -> int:
@@ -81,35 +79,50 @@ class BudgetController:
             size *= 2
         self.candidates = sorted(candidates)
 
-    def choose(self, target_step_s: float | None, num_seqs: int, floor: int = 0) -> int:
+    def choose(self, target_s: float | None, num_seqs: int, floor: int = 0, alone: int = 0) -> int:
         """This step's budget.
 
-        target_step_s: the longest step the latency work in play can afford (None: no latency work).
-        num_seqs: sequences expected in the step. floor: tokens the latency work itself needs now; the
-        budget never cuts those, it cuts the throughput work scheduled after them.
+        target_s: the longest step the latency work in play can afford (None: no latency work).
+        num_seqs: sequences that could be in the step. floor: tokens the most urgent latency work needs
+        now; the budget never cuts those, it cuts the throughput work scheduled after them. alone: when
+        even the smallest step would miss the target, run just this many tokens (the latency work
+        alone, below the minimum if need be: the fastest it can go); 0 to keep throughput instead.
         """
         seqs = max(1, num_seqs)
-        if target_step_s is None:
+        if target_s is None:
             self.current = self._grow(seqs)
         else:
-            self.current = self._fit(target_step_s, seqs)
+            fit = self._fit(target_s, seqs)
+            if fit is None and alone:
+                return min(self.maximum, alone)
+            self.current = self._fit_unreachable(seqs) if fit is None else fit
         return min(self.maximum, max(self.current, floor, self.minimum))
 
-    def _fit(self, target_s: float, seqs: int) -> int:
-        """The largest candidate predicted to finish within target_s; if even the smallest cannot, the
-        largest within _INFEASIBLE_SLACK of the smallest's predicted time."""
+    def _estimate(self, budget: int, seqs: int) -> float | None:
         # A step of b tokens holds at most b sequences: mostly decodes, and each costs its own context.
-        shortest = self.model.estimate(self.candidates[0], min(self.candidates[0], seqs))
-        if shortest is None:
-            return self.current  # no step measured yet: keep the budget and measure
-        limit = target_s if shortest <= target_s else shortest * _INFEASIBLE_SLACK
-        fitting = self.minimum
+        return self.model.estimate(budget, min(budget, seqs))
+
+    def _fit(self, target_s: float, seqs: int) -> int | None:
+        """The largest candidate predicted to finish within target_s; None when not even the smallest
+        is; the current budget while nothing is measured yet (keep it and measure)."""
+        fitting = None
         for budget in self.candidates:
-            predicted = self.model.estimate(budget, min(budget, seqs))
-            if predicted is None or predicted > limit:
+            predicted = self._estimate(budget, seqs)
+            if predicted is None:
+                return self.current
+            if predicted > target_s:
                 break
             fitting = budget
         return fitting
+
+    def _fit_unreachable(self, seqs: int) -> int:
+        """With no latency work in the step and a target out of reach, shrinking further buys almost no
+        latency (a step's fixed cost dominates) and costs most of the throughput: the largest budget
+        within _INFEASIBLE_SLACK of the smallest step's time."""
+        shortest = self._estimate(self.candidates[0], seqs)
+        if shortest is None:
+            return self.current
+        return self._fit(shortest * _INFEASIBLE_SLACK, seqs) or self.minimum
 
     def _grow(self, seqs: int) -> int:
         """Double toward the throughput-optimal budget: the smallest measured one within 5% of the best

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from services.common.workload import WorkloadClass
 from services.worker.engine.errors import AdmissionError
@@ -118,46 +119,47 @@ class SchedulingPolicy:
         take; the latency work's own tokens are never cut. fifo: always the configured maximum."""
         if not self.adaptive:
             return self.budget.maximum
-        target = math.inf
-        # priority level -> [tokens its latency work needs now, of which past half their TTFT target]
-        needs: dict[int, list[int]] = {}
+        needs = _StepNeeds()
         num_seqs = 0
         for seq in running:
             num_seqs += 1
             if self.is_latency(seq):
-                target = self._latency_need(seq, now, target, needs)
+                self._add_need(seq, now, needs)
         for level in self._latency_levels:
             for seq in waiting.level(level):
                 if self.is_latency(seq):
                     num_seqs += 1
-                    target = self._latency_need(seq, now, target, needs)
+                    self._add_need(seq, now, needs)
+        target = min(needs.ttft_slack, needs.itl)
         if target == math.inf:
             target = self._recent_target(now)
         # The most urgent level's tokens are exempt from the target; a less urgent level's only once
         # they have used half their TTFT target: a chat request's step must not grow by an agent's long
         # prompt, but the agent's prompt must not be chunked past its own target either.
-        top = min(needs, default=None)
-        floor = sum(tokens if level == top else late for level, (tokens, late) in needs.items())
-        return self.budget.choose(None if target == math.inf else target, num_seqs, floor)
+        top = min(needs.levels, default=None)
+        floor = sum(tokens if level == top else late for level, (tokens, late) in needs.levels.items())
+        # Out of reach because a first token is due: run the latency work alone. Out of reach only for
+        # an inter-token target: shrinking buys little there, so the controller keeps throughput.
+        alone = floor if needs.ttft_slack <= needs.itl else 0
+        return self.budget.choose(None if target == math.inf else target, num_seqs, floor, alone)
 
-    def _latency_need(self, seq: Sequence, now: float, target: float, needs: dict[int, list[int]]) -> float:
-        """Fold one latency-class sequence into the step-time target (returned) and its level's needs."""
+    def _add_need(self, seq: Sequence, now: float, needs: _StepNeeds) -> None:
+        """Fold one latency-class sequence into this step's needs."""
         policy = self.class_of(seq)
         self._last_seen[seq.hints.workload] = now
-        need = needs.setdefault(seq.priority, [0, 0])
+        level = needs.levels.setdefault(seq.priority, [0, 0])
         tokens = seq.num_tokens - seq.num_computed_tokens
-        need[0] += tokens
+        level[0] += tokens
         if seq.num_output_tokens == 0:  # still before its first token: the TTFT target applies
             ttft = seq.hints.ttft_slo_s or policy.ttft_slo_s
             if ttft is not None:
                 waited = now - seq.arrival_time
                 # The step that carries its last prompt chunk must end before the TTFT target.
-                target = min(target, max(0.0, ttft - waited))
+                needs.ttft_slack = min(needs.ttft_slack, max(0.0, ttft - waited))
                 if waited > ttft / 2:
-                    need[1] += tokens
+                    level[1] += tokens
         elif policy.itl_slo_s is not None:
-            target = min(target, policy.itl_slo_s)
-        return target
+            needs.itl = min(needs.itl, policy.itl_slo_s)
 
     def _recent_target(self, now: float) -> float:
         """With latency traffic seen within latency_memory_s, keep steps short enough that the next
@@ -171,6 +173,16 @@ class SchedulingPolicy:
                 if slo:
                     target = min(target, slo)
         return target
+
+
+@dataclass
+class _StepNeeds:
+    """What the latency work in play asks of one step."""
+
+    ttft_slack: float = math.inf  # seconds left before the tightest first-token target
+    itl: float = math.inf  # the tightest inter-token target of a streaming request
+    # priority level -> [tokens its latency work needs now, of which past half their TTFT target]
+    levels: dict[int, list[int]] = field(default_factory=dict)
 
 
 def make_policy(config: PolicyConfig | None, max_num_batched_tokens: int) -> SchedulingPolicy:
