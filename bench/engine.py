@@ -29,16 +29,13 @@ from bench.checkpoint import DEFAULT_MODEL_DIR, ensure_checkpoint
 from bench.flops import measure_matmul_peak, model_shape, workload_flops
 from bench.hf_baselines import HfContinuousBatching, load_hf_model, run_hf_static
 from bench.our_engine import OurEngine
+from bench.progress import log
 from bench.workload import FULL, QUICK, WARMUP, RunResult, Workload, make_workload
 
 Contender = Callable[[Workload], RunResult]
 
 STATIC_BATCH_SIZE = 32
 DECODE_PROBE = {"batch_size": 32, "context_len": 256, "steps": 20}
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def parse_args() -> argparse.Namespace:

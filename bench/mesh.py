@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench import mesh_stats as st
 from bench.mesh_client import Route, Timed, concurrent_pass, make_requests
 from bench.mesh_stack import MODEL_NAME, MODEL_SPEC, MeshStack, ensure_model
+from bench.progress import log
 
 DEFAULT_MODEL_DIR = Path(".cache/bench/mesh-model")
 RUN_DIR = Path(".cache/bench/mesh-run")  # service logs of the last run
@@ -53,10 +54,6 @@ QUICK = {
     "tp_rounds": 3,
     "tp_max_tokens": 16,
 }
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def parse_args() -> argparse.Namespace:

@@ -50,6 +50,7 @@ from bench.checkpoint import DEFAULT_MODEL_DIR, ensure_checkpoint
 from bench.cpu_contention import CpuMeter
 from bench.mixed_driver import RequestTiming, RunRecord, batch_tok_s, run_idle, run_trace, warm_up
 from bench.mixed_trace import FULL, QUICK, TraceRequest, TraceSpec, make_requests, make_trace, summarize
+from bench.progress import log
 from bench.report import ratio
 from services.common.workload import WorkloadClass
 from services.worker.engine import EngineConfig, LLMEngine
@@ -68,10 +69,6 @@ IDLE_MAX_TOKENS = 4
 RUN_CAP = 2.0  # a policy's run is cut off after this many trace durations (batch starved)
 CALIBRATION_DOCS = {"quick": 16, "full": 32}
 ROUNDS = {"quick": 2, "full": 3}  # each round runs the trace once per policy
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def parse_args() -> argparse.Namespace:

@@ -34,6 +34,7 @@ from bench.placer_inprocess import InProcessPlacer, naive_agreement
 from bench.placer_measure import Timed, concurrent_calls, register, serial_calls, stream_samples
 from bench.placer_naive import NaivePicker
 from bench.placer_procs import Child, cpu_layout, pin, start_placer, start_telemetry_load, telemetry_result
+from bench.progress import log
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.redis_server import RedisServer
 from services.placer.cluster.schema import Keys
@@ -43,10 +44,6 @@ HEARTBEAT_INTERVAL_S = 600.0  # node TTL = 3 intervals: nobody expires during th
 TARGETS = {"pick_us_p99": 1000.0, "grpc_pick_ms_p99": 3.0, "speedup_vs_naive": 10.0}
 FULL = {"inprocess_s": 30.0, "naive_picks": 60, "grpc_serial": 5000, "grpc_concurrent_s": 15.0}
 QUICK = {"inprocess_s": 5.0, "naive_picks": 12, "grpc_serial": 1000, "grpc_concurrent_s": 4.0}
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 def parse_args() -> argparse.Namespace:
