@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,9 @@ from services.worker.engine import LLM, LLMEngine, SamplingParams
 from services.worker.engine.async_llm import AsyncLLM
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.errors import AdmissionError
-from services.worker.engine.policy.classes import DEFAULT_CLASS_POLICIES, PolicyConfig, SchedulingHints
+from services.worker.engine.policy.classes import PolicyConfig, SchedulingHints
 from tests.worker.engine.reference import mixed_prompts
+from tests.worker.engine.test_policy_scheduler import classes_with
 
 LONG = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True)
 
@@ -106,8 +106,7 @@ async def test_a_busy_consumer_gets_coalesced_outputs(engine: LLMEngine, llama_g
 
 
 async def test_refusals_reach_the_caller_with_a_retry_hint(llama_gqa_dir: Path) -> None:
-    classes = dict(DEFAULT_CLASS_POLICIES)
-    classes[WorkloadClass.BATCH] = replace(classes[WorkloadClass.BATCH], max_waiting=1, queue_timeout_s=0.2)
+    classes = classes_with(WorkloadClass.BATCH, max_waiting=1, queue_timeout_s=0.2)
     config = EngineConfig(max_num_seqs=1, policy=PolicyConfig(classes=classes))
     batch = SchedulingHints(workload=WorkloadClass.BATCH)
     async with AsyncLLM(LLMEngine(llama_gqa_dir, config)) as llm:

@@ -3,15 +3,13 @@ measured step times (shrinks for latency work in play, grows back with only batc
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.policy.budget import BudgetController, StepTimeModel
-from services.worker.engine.policy.classes import DEFAULT_CLASS_POLICIES, PolicyConfig
+from services.worker.engine.policy.classes import PolicyConfig
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig
-from tests.worker.engine.test_policy_scheduler import AGENT, BATCH, RT, T0, ids, seq, step
+from tests.worker.engine.test_policy_scheduler import AGENT, BATCH, RT, T0, classes_with, ids, seq, step
 
 # Measured on a made-up engine: bigger steps are more efficient per token, but longer.
 STEP_SECONDS = {16: 0.02, 64: 0.05, 256: 0.125, 512: 0.2}
@@ -104,8 +102,7 @@ def test_controller_explores_upward_before_anything_is_measured() -> None:
 
 
 def _scheduler(ttft_slo_s: float = 0.2, itl_slo_s: float = 0.05) -> Scheduler:
-    classes = dict(DEFAULT_CLASS_POLICIES)
-    classes[RT] = replace(classes[RT], ttft_slo_s=ttft_slo_s, itl_slo_s=itl_slo_s)
+    classes = classes_with(RT, ttft_slo_s=ttft_slo_s, itl_slo_s=itl_slo_s)
     config = SchedulerConfig(
         max_model_len=8192,
         max_num_batched_tokens=512,

@@ -10,7 +10,12 @@ import pytest
 from services.common.workload import WorkloadClass
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.errors import AdmissionError
-from services.worker.engine.policy.classes import DEFAULT_CLASS_POLICIES, PolicyConfig, SchedulingHints
+from services.worker.engine.policy.classes import (
+    DEFAULT_CLASS_POLICIES,
+    ClassPolicy,
+    PolicyConfig,
+    SchedulingHints,
+)
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from services.worker.engine.sequence import Sequence, SequenceStatus
@@ -55,6 +60,13 @@ def scheduler(
         policy=PolicyConfig(**policy),  # type: ignore[arg-type]
     )
     return Scheduler(config, BlockManager(num_blocks, block_size))
+
+
+def classes_with(workload: WorkloadClass, **changes: object) -> dict[WorkloadClass, ClassPolicy]:
+    """DESIGN.md's class policies with some fields of one class changed."""
+    classes = dict(DEFAULT_CLASS_POLICIES)
+    classes[workload] = replace(classes[workload], **changes)  # type: ignore[arg-type]
+    return classes
 
 
 def step(sched: Scheduler, now: float = T0) -> ScheduledBatch | None:
@@ -262,9 +274,7 @@ def test_growth_preemption_takes_the_lowest_priority_first() -> None:
     [(BATCH, "max_waiting", 2), (RT, "max_waiting", 2)],
 )
 def test_queue_limit_refuses_with_a_retry_hint(workload: WorkloadClass, limit_field: str, value: int) -> None:
-    classes = dict(DEFAULT_CLASS_POLICIES)
-    classes[workload] = replace(classes[workload], **{limit_field: value})
-    sched = scheduler(classes=classes)
+    sched = scheduler(classes=classes_with(workload, **{limit_field: value}))
     sched.add(seq("a", workload))
     sched.add(seq("b", workload))
     with pytest.raises(AdmissionError, match="queue is full") as refused:
@@ -275,9 +285,7 @@ def test_queue_limit_refuses_with_a_retry_hint(workload: WorkloadClass, limit_fi
 
 
 def test_queue_timeout_refuses_only_never_scheduled_requests() -> None:
-    classes = dict(DEFAULT_CLASS_POLICIES)
-    classes[BATCH] = replace(classes[BATCH], queue_timeout_s=2.0)
-    sched = scheduler(max_num_seqs=1, classes=classes)
+    sched = scheduler(max_num_seqs=1, classes=classes_with(BATCH, queue_timeout_s=2.0))
     sched.add(seq("running", BATCH, max_tokens=100))
     step(sched)
     sched.add(seq("stuck", BATCH, arrival=T0 + 0.5))
@@ -293,9 +301,7 @@ def test_queue_timeout_refuses_only_never_scheduled_requests() -> None:
 
 
 def test_preempted_request_is_never_timed_out() -> None:
-    classes = dict(DEFAULT_CLASS_POLICIES)
-    classes[BATCH] = replace(classes[BATCH], queue_timeout_s=1.0)
-    sched = scheduler(max_num_seqs=1, classes=classes)
+    sched = scheduler(max_num_seqs=1, classes=classes_with(BATCH, queue_timeout_s=1.0))
     sched.add(seq("b", BATCH, max_tokens=100))
     step(sched)
     sched.add(seq("rt", RT, max_tokens=100))
