@@ -111,8 +111,7 @@ class MeshStack:
         codes: dict[str, int] = {}
         while self._children:
             child = self._children.pop()
-            child.terminate()
-            codes[child.name] = child.wait_or_kill(STOP_TIMEOUT_S)
+            codes[child.name] = child.stop(STOP_TIMEOUT_S)
         if self._redis is not None:
             self._redis.stop()
             self._redis = None

@@ -1,4 +1,7 @@
-"""One service as a child process: `python -m services.X`, output to a log file, READY line parsed."""
+"""One service as a child process: `python -m services.X`, output to a log file, READY line parsed.
+
+The one launcher for services: the `hanzo-mesh up/demo` stack, the benchmarks and the tests that run
+services as real processes all start them here."""
 
 from __future__ import annotations
 
@@ -26,12 +29,14 @@ _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else
 def _die_with_parent() -> None:
     # Children run in their own session (so a terminal Ctrl-C reaches only the CLI, which then stops them
     # in order); PDEATHSIG still takes them down if the CLI itself is SIGKILLed, so nothing is orphaned.
+    # Linux ties PDEATHSIG to the thread that forked: start children from a thread that outlives them.
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ChildProcess:
-    """A started service. `ready` holds the key=value pairs of its READY line once wait_ready returned."""
+    """A started service. `ready` holds the key=value pairs of its READY line once wait_ready returned.
+    Starting does not wait, so several children can start together; start_service starts one and waits."""
 
     def __init__(self, name: str, module: str, env: Mapping[str, str], ready_prefix: str, log_path: Path):
         self.name = name
@@ -84,7 +89,7 @@ class ChildProcess:
             time.sleep(0.05)  # the log file is polled, bounded by the deadline
 
     def terminate(self) -> None:
-        """Ask for a graceful stop (SIGTERM); no-op if it already exited."""
+        """Ask for a graceful stop (SIGTERM: in-flight work drains); no-op if it already exited."""
         if self.poll() is None:
             self.process.send_signal(signal.SIGTERM)
 
@@ -95,6 +100,20 @@ class ChildProcess:
         except subprocess.TimeoutExpired:
             self.process.kill()
             return self.process.wait()
+
+    def stop(self, timeout_s: float = 15.0) -> int:
+        """terminate, then wait_or_kill(timeout_s); returns the exit code (0: a clean graceful stop)."""
+        self.terminate()
+        return self.wait_or_kill(timeout_s)
+
+    def kill(self) -> int:
+        """SIGKILL now (a crash, no goodbye) and reap it; returns the exit code."""
+        self.process.kill()
+        return self.process.wait()
+
+    def log_text(self) -> str:
+        """Everything it has written to stdout and stderr so far; empty before its first write."""
+        return self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
 
     def _read_new(self) -> bytes:
         try:
@@ -107,6 +126,24 @@ class ChildProcess:
         return data
 
     def _tail(self, lines: int = 40) -> str:
-        text = self.log_path.read_text(encoding="utf-8", errors="replace") if self.log_path.exists() else ""
-        body = "\n".join(f"  | {line}" for line in text.splitlines()[-lines:]) or "  | (no output)"
+        body = "\n".join(f"  | {line}" for line in self.log_text().splitlines()[-lines:]) or "  | (no output)"
         return f"last lines of {self.log_path}:\n{body}"
+
+
+def start_service(
+    name: str,
+    module: str,
+    env: Mapping[str, str],
+    ready_prefix: str,
+    log_path: Path,
+    ready_timeout_s: float = 60.0,
+) -> ChildProcess:
+    """Start one service and wait for its READY line. On ServiceStartError (or an interrupt) it is killed
+    first, so a failed start leaves no process behind for the caller to stop."""
+    child = ChildProcess(name, module, env, ready_prefix, log_path)
+    try:
+        child.wait_ready(ready_timeout_s)
+    except BaseException:
+        child.kill()  # not ready means nothing to drain: no graceful stop to wait for
+        raise
+    return child

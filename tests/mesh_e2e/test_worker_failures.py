@@ -13,8 +13,8 @@ import pytest
 
 from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc
 from services.common.redis_server import RedisServer
+from services.mesh.process import ChildProcess, start_service
 from tests.placer.cluster_helpers import eventually, placer_stub
-from tests.support.processes import ServiceProcess
 
 LONG = inference_pb2.SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
 SHORT = inference_pb2.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -22,35 +22,35 @@ SHORT = inference_pb2.SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=T
 
 @dataclass
 class ProcessMesh:
-    placer: ServiceProcess
-    workers: dict[str, ServiceProcess]
-    gateway: ServiceProcess
+    placer: ChildProcess
+    workers: dict[str, ChildProcess]
+    gateway: ChildProcess
 
 
 @pytest.fixture
-def process_mesh(redis_server: RedisServer, llama_gqa_dir: Path) -> Iterator[ProcessMesh]:
+def process_mesh(redis_server: RedisServer, llama_gqa_dir: Path, tmp_path: Path) -> Iterator[ProcessMesh]:
     """Placer, workers w-near (same zone and rack as the gateway, so preferred) and w-far, gateway."""
-    placer = ServiceProcess(
-        "services.placer",
+    placer = start_service(
+        "placer", "services.placer",
         {"HANZO_PLACER_REDIS_URL": redis_server.url, "HANZO_PLACER_PORT": "0",
          "HANZO_PLACER_HEARTBEAT_INTERVAL_S": "0.5"},
-        "PLACER_READY",
+        "PLACER_READY", tmp_path / "placer.log",
     )  # fmt: skip
     workers = {}
     for node_id, zone in (("w-near", "z1"), ("w-far", "z2")):
-        workers[node_id] = ServiceProcess(
-            "services.worker",
+        workers[node_id] = start_service(
+            node_id, "services.worker",
             {"HANZO_WORKER_PORT": "0", "HANZO_WORKER_NODE_ID": node_id, "HANZO_WORKER_ZONE": zone,
              "HANZO_WORKER_RACK": "r1", "HANZO_WORKER_HOSTNAME": f"{node_id}-host",
              "HANZO_WORKER_PLACER_ADDRESS": placer.ready["address"],
              "HANZO_WORKER_MODELS": f"llama={llama_gqa_dir}", "HANZO_WORKER_HEARTBEAT_INTERVAL_S": "0.5"},
-            "WORKER_READY",
+            "WORKER_READY", tmp_path / f"{node_id}.log",
         )  # fmt: skip
-    gateway = ServiceProcess(
-        "services.gateway",
+    gateway = start_service(
+        "gateway", "services.gateway",
         {"HANZO_GATEWAY_PORT": "0", "HANZO_GATEWAY_PLACER_ADDRESS": placer.ready["address"],
          "HANZO_GATEWAY_ZONE": "z1", "HANZO_GATEWAY_RACK": "r1", "HANZO_GATEWAY_HOSTNAME": "gateway-host"},
-        "GATEWAY_READY",
+        "GATEWAY_READY", tmp_path / "gateway.log",
     )  # fmt: skip
     mesh = ProcessMesh(placer, workers, gateway)
     yield mesh

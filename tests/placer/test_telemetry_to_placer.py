@@ -4,15 +4,17 @@ which then has the node's thermal state for its picks and its metrics."""
 from __future__ import annotations
 
 import urllib.request
+from pathlib import Path
 
 from hanzo.inference.v1 import common_pb2, placer_pb2
 from services.common.redis_server import RedisServer
+from services.mesh.process import start_service
 from tests.placer.cluster_helpers import eventually, node_report, placer_stub
-from tests.support.processes import ServiceProcess
 
 
-async def test_simulated_samples_reach_the_placer(redis_server: RedisServer) -> None:
-    placer = ServiceProcess(
+async def test_simulated_samples_reach_the_placer(redis_server: RedisServer, tmp_path: Path) -> None:
+    placer = start_service(
+        "placer",
         "services.placer",
         {
             "HANZO_PLACER_REDIS_URL": redis_server.url,
@@ -20,13 +22,15 @@ async def test_simulated_samples_reach_the_placer(redis_server: RedisServer) -> 
             "HANZO_PLACER_METRICS_PORT": "0",
         },
         "PLACER_READY",
+        tmp_path / "placer.log",
     )
     telemetry = None
     try:
         channel, stub = placer_stub(placer.ready["address"])
         async with channel:
             await stub.Heartbeat(node_report("gpu-node-1", running=64))
-            telemetry = ServiceProcess(
+            telemetry = start_service(
+                "telemetry",
                 "services.telemetry",
                 {
                     "HANZO_TELEMETRY_NODE_ID": "gpu-node-1",
@@ -35,6 +39,7 @@ async def test_simulated_samples_reach_the_placer(redis_server: RedisServer) -> 
                     "HANZO_TELEMETRY_SOURCE": "auto",  # no NVML here: falls back to the labelled simulation
                 },
                 "TELEMETRY_READY",
+                tmp_path / "telemetry.log",
             )
             assert telemetry.ready["source"] == "simulated"
             metrics_url = f"http://127.0.0.1:{placer.ready['metrics_port']}/metrics"
@@ -52,7 +57,7 @@ async def test_simulated_samples_reach_the_placer(redis_server: RedisServer) -> 
             )
             assert reply.node_id == "gpu-node-1"
             assert "thermal_headroom" in reply.candidates[0].scores
-        assert any("SIMULATED" in line for line in telemetry.output)
+        assert "SIMULATED" in telemetry.log_text()
     finally:
         if telemetry is not None:
             assert telemetry.stop() == 0

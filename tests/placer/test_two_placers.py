@@ -3,31 +3,32 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from hanzo.inference.v1 import common_pb2, placer_pb2
 from services.common.redis_server import RedisServer
+from services.mesh.process import ChildProcess, start_service
 from tests.placer.cluster_helpers import eventually, node_report, placer_stub
-from tests.support.processes import ServiceProcess
 
 
 @pytest.fixture
-def two_placers(redis_server: RedisServer) -> Iterator[tuple[ServiceProcess, ServiceProcess]]:
+def two_placers(redis_server: RedisServer, tmp_path: Path) -> Iterator[tuple[ChildProcess, ChildProcess]]:
     env = {
         "HANZO_PLACER_REDIS_URL": redis_server.url,
         "HANZO_PLACER_PORT": "0",
         "HANZO_PLACER_HEARTBEAT_INTERVAL_S": "5",
     }
-    first = ServiceProcess("services.placer", env, "PLACER_READY")
-    second = ServiceProcess("services.placer", env, "PLACER_READY")
+    first = start_service("placer-1", "services.placer", env, "PLACER_READY", tmp_path / "placer-1.log")
+    second = start_service("placer-2", "services.placer", env, "PLACER_READY", tmp_path / "placer-2.log")
     yield first, second
     assert first.stop() == 0
     assert second.stop() == 0
 
 
 async def test_replicas_pick_from_the_same_node_set(
-    two_placers: tuple[ServiceProcess, ServiceProcess],
+    two_placers: tuple[ChildProcess, ChildProcess],
 ) -> None:
     first, second = two_placers
     channel_a, a = placer_stub(first.ready["address"])
