@@ -8,7 +8,14 @@ import torch
 
 from services.worker.engine.sampler import Sampler
 from services.worker.engine.scheduler import ScheduledBatch
-from services.worker.models.paged_attention import AttentionMetadata, PagedAttention, PrefillChunk
+from services.worker.models.paged_attention import (
+    AttentionMetadata,
+    DecodeGroup,
+    PagedAttention,
+    PrefillChunk,
+)
+
+_CPU_DECODE_GROUP = 8  # measured: 8 groups of 4 or 4 of 8 beat 1 of 32 about 4x (paged_attention.py)
 
 
 @dataclass(frozen=True)
@@ -64,6 +71,8 @@ class ModelRunner:
         self.attention = PagedAttention(self.kv_caches)
         self.sampler = Sampler(device, seed)
         self._pin = device.type == "cuda"
+        # CPU: decodes attended in groups of this many (see paged_attention); CUDA: all in one.
+        self.decode_group_size: int | None = _CPU_DECODE_GROUP if device.type == "cpu" else None
 
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[int | None]:
@@ -89,6 +98,7 @@ class ModelRunner:
         """Flatten the batch, decodes first, and build every index tensor the attention needs."""
         bs = self.spec.block_size
         decodes = [i for i, n in enumerate(batch.num_tokens) if n == 1]
+        decodes.sort(key=lambda i: batch.seqs[i].num_computed_tokens)  # similar lengths share a group
         prefills = [i for i, n in enumerate(batch.num_tokens) if n > 1]
         order = decodes + prefills
         token_ids: list[int] = []
@@ -114,14 +124,15 @@ class ModelRunner:
         slot_mapping = tables[rows_t, positions_t // bs] * bs + positions_t % bs
 
         num_decodes = len(decodes)
-        decode_tables = decode_mask = None
-        if num_decodes:
-            decode_blocks = max(-(-(batch.seqs[i].num_computed_tokens + 1) // bs) for i in decodes)
-            decode_tables = tables[:num_decodes, :decode_blocks]
-            context_lens = positions_t[:num_decodes] + 1
-            decode_mask = torch.arange(decode_blocks * bs) < context_lens.unsqueeze(1)
-            decode_mask = decode_mask.view(num_decodes, 1, 1, -1)
         to = self._to_device
+        groups = []
+        size = self.decode_group_size or max(1, num_decodes)
+        for start in range(0, num_decodes, size):
+            end = min(start + size, num_decodes)
+            context_lens = positions_t[start:end] + 1
+            blocks = -(-int(context_lens[-1]) // bs)  # sorted: the last is the longest
+            mask = (torch.arange(blocks * bs) < context_lens.unsqueeze(1)).view(end - start, 1, 1, -1)
+            groups.append(DecodeGroup(start, end, to(tables[start:end, :blocks]), to(mask)))
         chunks = []
         offset = num_decodes
         for row, i in enumerate(prefills, start=num_decodes):
@@ -138,8 +149,7 @@ class ModelRunner:
         metadata = AttentionMetadata(
             slot_mapping=to(slot_mapping),
             num_decodes=num_decodes,
-            decode_block_tables=None if decode_tables is None else to(decode_tables),
-            decode_mask=None if decode_mask is None else to(decode_mask),
+            decode_groups=groups,
             prefills=chunks,
         )
         return StepInputs(
