@@ -14,7 +14,9 @@ class EngineConfig:
     """How one decoder engine runs.
 
     kv_cache_bytes: byte budget of the paged KV pool; None means 256 MiB on CPU, or
-    gpu_memory_utilization of the device's free memory (after loading weights) on CUDA.
+    gpu_memory_utilization of the device's free memory (after loading weights) on CUDA; for an engine
+    built in an arena (LLMEngine(memory=...)) None means 256 MiB on any device. A pool sized for None is
+    also capped at what max_num_seqs full contexts could use.
     max_model_len: None means the checkpoint's context length.
     max_num_batched_tokens: the largest per-step token budget; the policy chooses each step's budget.
     policy: the scheduling policy, a PolicyConfig or just its name ("adaptive", "fifo"); None means

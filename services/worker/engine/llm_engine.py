@@ -13,14 +13,18 @@ from services.common.workload import WorkloadClass
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.config import EngineConfig, EngineLayout, default_kv_bytes
 from services.worker.engine.errors import InvalidRequestError
-from services.worker.engine.model_runner import KVCacheSpec, ModelRunner
+from services.worker.engine.kv_cache import KVCaches, KVCacheSpec, allocate_kv_caches, kv_cache_views
+from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.outputs import RequestOutput, TextState, make_output
 from services.worker.engine.policy.classes import DEFAULT_HINTS, PolicyConfig, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence
-from services.worker.models.config import DecoderConfig
-from services.worker.models.loader import LoadedModel, load_model
+from services.worker.memory.manager import MemoryManager
+from services.worker.memory.partition import Partition
+from services.worker.memory.placement import load_into_partition
+from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
+from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 
 
 @dataclass
@@ -41,20 +45,30 @@ class EngineStats:
 class LLMEngine:
     """Continuous-batching engine for one decoder model. Not thread-safe: call it from one thread."""
 
-    def __init__(self, model_dir: str | Path, config: EngineConfig | None = None) -> None:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        config: EngineConfig | None = None,
+        *,
+        memory: MemoryManager | None = None,
+        model_name: str | None = None,
+    ) -> None:
+        """memory: None loads the weights and allocates the KV cache on their own. A MemoryManager builds
+        the model in a new partition of its arena instead (named model_name; None: the directory's
+        name): weights and KV cache are views of it, so serving allocates no cache or weight memory. The
+        KV pool is then EngineConfig.kv_cache_bytes (None: 256 MiB, capped at what max_num_seqs full
+        contexts could use); config.device must be the arena's device."""
         self.config = config or EngineConfig()
-        self.loaded: LoadedModel = load_model(model_dir, dtype=self.config.dtype, device=self.config.device)
-        model_config = self.loaded.config
-        if not isinstance(model_config, DecoderConfig):
-            raise InvalidRequestError("model", f"{model_dir} is an encoder; serve it with EmbeddingEngine")
-        self.model_config = model_config
-        self.tokenizer = self.loaded.tokenizer
         self.device = torch.device(self.config.device)
-        self.layout = self._plan_layout()
+        self.memory = memory
+        self.partition: Partition | None = None
+        if memory is None:
+            kv_caches = self._load_alone(model_dir)
+        else:
+            kv_caches = self._load_in_arena(model_dir, memory, model_name or Path(model_dir).name)
+        self.tokenizer = self.loaded.tokenizer
         spec = self._kv_spec()
-        self.runner = ModelRunner(
-            self.loaded.model, spec, self.layout.num_kv_blocks, self.device, self.config.seed
-        )
+        self.runner = ModelRunner(self.loaded.model, spec, kv_caches, self.device, self.config.seed)
         self.block_manager = BlockManager(
             self.layout.num_kv_blocks, self.layout.block_size, self.config.enable_prefix_caching
         )
@@ -181,9 +195,35 @@ class LLMEngine:
             )
         return token_ids
 
+    def _load_alone(self, model_dir: str | Path) -> KVCaches:
+        """Load the weights, then size the KV pool (on CUDA from the memory left) and allocate it."""
+        self.loaded: LoadedModel = load_model(model_dir, dtype=self.config.dtype, device=self.device)
+        self.model_config = self._decoder_config(self.loaded.config, model_dir)
+        self.layout = self._plan_layout()
+        return allocate_kv_caches(self._kv_spec(), self.layout.num_kv_blocks, self.device)
+
+    def _load_in_arena(self, model_dir: str | Path, memory: MemoryManager, name: str) -> KVCaches:
+        """Plan the KV pool first, so that the weights slot and the pool are reserved together as one
+        partition; then load the weights into the slot and lay the KV caches out in the pool."""
+        if memory.arena.device != self.device:
+            raise ValueError(f"the engine runs on {self.device} but the arena is on {memory.arena.device}")
+        self.model_config = self._decoder_config(load_model_config(Path(model_dir)), model_dir)
+        self.layout = self._plan_layout()
+        self.loaded, self.partition = load_into_partition(
+            memory, name, model_dir, self.config.dtype, self.layout.kv_cache_bytes
+        )
+        assert self.partition.kv is not None  # the layout holds at least one block
+        return kv_cache_views(memory.arena, self.partition.kv, self._kv_spec(), self.layout.num_kv_blocks)
+
+    @staticmethod
+    def _decoder_config(config: DecoderConfig | EncoderConfig, model_dir: str | Path) -> DecoderConfig:
+        if not isinstance(config, DecoderConfig):
+            raise InvalidRequestError("model", f"{model_dir} is an encoder; serve it with EmbeddingEngine")
+        return config
+
     def _kv_spec(self) -> KVCacheSpec:
         c = self.model_config
-        dtype = next(self.loaded.model.parameters()).dtype
+        dtype = parse_dtype(self.config.dtype)  # the KV cache holds the model's dtype
         return KVCacheSpec(
             c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.config.block_size, dtype
         )
@@ -193,7 +233,10 @@ class LLMEngine:
         max_model_len = min(
             self.config.max_model_len or self.model_config.max_model_len, self.model_config.max_model_len
         )
-        free = torch.cuda.mem_get_info(self.device)[0] if self.device.type == "cuda" else None
+        # Free device memory (measured after loading the weights) sizes the pool only without an arena:
+        # in an arena the other models' partitions, not the device, decide what is left.
+        on_cuda = self.device.type == "cuda" and self.memory is None
+        free = torch.cuda.mem_get_info(self.device)[0] if on_cuda else None
         budget = default_kv_bytes(self.config, free)
         # Never reserve more than every seat filled to the full context could use.
         most_useful = self.config.max_num_seqs * -(-max_model_len // spec.block_size) * spec.bytes_per_block

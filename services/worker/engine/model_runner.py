@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from services.worker.engine.kv_cache import KVCaches, KVCacheSpec
 from services.worker.engine.sampler import Sampler
 from services.worker.engine.scheduler import ScheduledBatch
 from services.worker.models.paged_attention import (
@@ -16,22 +17,6 @@ from services.worker.models.paged_attention import (
 )
 
 _CPU_DECODE_GROUP = 8  # measured: 8 groups of 4 or 4 of 8 beat 1 of 32 about 4x (paged_attention.py)
-
-
-@dataclass(frozen=True)
-class KVCacheSpec:
-    """Shape of the paged KV cache; bytes_per_block covers K and V of every layer."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    block_size: int
-    dtype: torch.dtype
-
-    @property
-    def bytes_per_block(self) -> int:
-        element = torch.empty((), dtype=self.dtype).element_size()
-        return 2 * self.num_layers * self.block_size * self.num_kv_heads * self.head_dim * element
 
 
 @dataclass
@@ -52,22 +37,17 @@ class ModelRunner:
         self,
         model: torch.nn.Module,
         spec: KVCacheSpec,
-        num_blocks: int,
+        kv_caches: KVCaches,
         device: torch.device,
         seed: int | None = None,
     ) -> None:
+        """kv_caches: per layer (K, V) of spec.block_shape(num_blocks), allocated by the caller (on their
+        own or as views of an arena pool), so the runner itself never allocates cache memory."""
         self.model = model
         self.spec = spec
         self.device = device
-        self.num_blocks = num_blocks
-        shape = (num_blocks, spec.block_size, spec.num_kv_heads, spec.head_dim)
-        self.kv_caches = [
-            (
-                torch.zeros(shape, dtype=spec.dtype, device=device),
-                torch.zeros(shape, dtype=spec.dtype, device=device),
-            )
-            for _ in range(spec.num_layers)
-        ]
+        self.kv_caches = kv_caches
+        self.num_blocks = kv_caches[0][0].shape[0]
         self.attention = PagedAttention(self.kv_caches)
         self.sampler = Sampler(device, seed)
         self._pin = device.type == "cuda"

@@ -15,6 +15,7 @@ from services.worker.memory.errors import (
 )
 from services.worker.memory.manager import MemoryManager
 from services.worker.memory.partition import Partition, PartitionUsage
+from services.worker.memory.placement import bind_to_arena, load_into_partition, module_tensor_specs
 from services.worker.memory.weights import TensorSpec, WeightLayout, layout_tensors, weight_bytes_of
 
 __all__ = [
@@ -35,6 +36,9 @@ __all__ = [
     "TensorSpec",
     "UnknownModelError",
     "WeightLayout",
+    "bind_to_arena",
     "layout_tensors",
+    "load_into_partition",
+    "module_tensor_specs",
     "weight_bytes_of",
 ]

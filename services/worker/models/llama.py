@@ -119,14 +119,18 @@ class LlamaForCausalLM(nn.Module):
         )
 
     def init_buffers(self) -> None:
-        """Fill non-checkpoint buffers (the RoPE table) on the model's device; call after loading."""
-        device = self.lm_head.weight.device
+        """Fill non-checkpoint buffers (the RoPE table) in place, on the model's device; call after loading.
+        In place because the buffer may be a view of memory the caller owns (the arena)."""
+        device = self.rope_cache.device
         inv_freq = rope_inv_freq(self.config.head_dim, self.config.rope_theta, self.config.rope_scaling)
-        self.rope_cache = rope_cos_sin(inv_freq.to(device), self.config.max_position_embeddings)
+        # Computed in float32 as HF does; the table holds the model dtype, which is exactly the cast
+        # forward() applies anyway, so outputs are the same as with a float32 table.
+        self.rope_cache.copy_(rope_cos_sin(inv_freq.to(device), self.config.max_position_embeddings))
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: PagedAttention) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm for tokens [T] at positions [T]."""
-        # RoPE in float32 then cast, as HF does, so low-precision runs round the same way.
+        # The table was computed in float32 and rounded to the model dtype, as HF does, so low-precision
+        # runs round the same way (the cast below is then a no-op).
         cos, sin = self.rope_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2] each
         x = self.model.embed_tokens(input_ids)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)

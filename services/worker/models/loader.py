@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,12 +60,17 @@ def model_class(architecture: str) -> type[nn.Module]:
 
 
 def load_model(
-    model_dir: str | Path, dtype: torch.dtype | str = "float32", device: str | torch.device = "cpu"
+    model_dir: str | Path,
+    dtype: torch.dtype | str = "float32",
+    device: str | torch.device = "cpu",
+    materialize: Callable[[nn.Module], None] | None = None,
 ) -> LoadedModel:
     """Load a Hugging Face-format checkpoint directory onto device in dtype, in eval mode.
 
-    Raises CheckpointError (naming the file) for anything wrong with the checkpoint, ValueError for a
-    dtype outside DTYPES.
+    materialize: gives the model, built on meta in dtype, real storage on device by pointing every
+    parameter and buffer at memory the caller owns (e.g. views of the arena); None allocates each tensor
+    with to_empty. Raises CheckpointError (naming the file) for anything wrong with the checkpoint,
+    ValueError for a dtype outside DTYPES.
     """
     torch_dtype = parse_dtype(dtype)
     model_dir = Path(model_dir)
@@ -77,11 +83,15 @@ def load_model(
     # Building on meta allocates nothing; to_empty then allocates each tensor once, already in dtype.
     with torch.device("meta"):
         model = model_class(config.architecture)(config)
-    model = model.to(dtype=torch_dtype).to_empty(device=device)
+    model = model.to(dtype=torch_dtype)
+    if materialize is None:
+        model = model.to_empty(device=device)
+    else:
+        materialize(model)
     with torch.no_grad():
         model.load_weights(iter_safetensors(model_dir))
         # Non-persistent buffers (e.g. RoPE tables) are not in the checkpoint and were left
-        # uninitialised by to_empty; the model recomputes them.
+        # uninitialised; the model recomputes them in place.
         init_buffers = getattr(model, "init_buffers", None)
         if callable(init_buffers):
             init_buffers()
