@@ -23,8 +23,9 @@ LLAMA_19M = {
 }
 
 
-def ensure_checkpoint(model_dir: Path) -> Path:
-    """Returns `model_dir`, generating the checkpoint there first if it holds no config.json."""
+def ensure_checkpoint(model_dir: Path, spec: dict[str, object] | None = None) -> Path:
+    """Returns `model_dir`, generating the checkpoint there first (spec: make_decoder_checkpoint's
+    arguments, None for LLAMA_19M) if it holds no config.json."""
     if (model_dir / "config.json").exists():
         return model_dir
     from services.worker.models.synthetic import make_decoder_checkpoint
@@ -33,6 +34,6 @@ def ensure_checkpoint(model_dir: Path) -> Path:
     partial = model_dir.with_name(model_dir.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.parent.mkdir(parents=True, exist_ok=True)
-    make_decoder_checkpoint(partial, **LLAMA_19M)
+    make_decoder_checkpoint(partial, **(spec or LLAMA_19M))  # type: ignore[arg-type]
     partial.rename(model_dir)
     return model_dir

@@ -20,9 +20,16 @@ from services.worker.engine.policy.classes import DEFAULT_HINTS, PolicyConfig, S
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence
+from services.worker.memory.errors import ModelBusyError, ModelEvictedError
+from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
 from services.worker.memory.partition import Partition
-from services.worker.memory.placement import load_into_partition
+from services.worker.memory.placement import (
+    PlacedModel,
+    evict_to_host,
+    load_from_host_copy,
+    load_into_partition,
+)
 from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
 from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 
@@ -47,25 +54,38 @@ class LLMEngine:
 
     def __init__(
         self,
-        model_dir: str | Path,
+        model_dir: str | Path | HostCopy,
         config: EngineConfig | None = None,
         *,
         memory: MemoryManager | None = None,
         model_name: str | None = None,
     ) -> None:
-        """memory: None loads the weights and allocates the KV cache on their own. A MemoryManager builds
+        """model_dir: a checkpoint directory, or the HostCopy an earlier engine's evict() returned (then
+        memory is required and nothing is read from disk: the weights come back in one bulk copy, into a
+        partition that may sit elsewhere in the arena; config.dtype must be the copy's dtype).
+        memory: None loads the weights and allocates the KV cache on their own. A MemoryManager builds
         the model in a new partition of its arena instead (named model_name; None: the directory's
-        name): weights and KV cache are views of it, so serving allocates no cache or weight memory. The
-        KV pool is then EngineConfig.kv_cache_bytes (None: 256 MiB, capped at what max_num_seqs full
-        contexts could use); config.device must be the arena's device."""
+        name, or the name the host copy was evicted under): weights and KV cache are views of it, so
+        serving allocates no cache or weight memory. The KV pool is then EngineConfig.kv_cache_bytes
+        (None: 256 MiB, capped at what max_num_seqs full contexts could use); config.device must be the
+        arena's device."""
         self.config = config or EngineConfig()
         self.device = torch.device(self.config.device)
         self.memory = memory
         self.partition: Partition | None = None
-        if memory is None:
+        self._placed: PlacedModel | None = None
+        self._evicted = False
+        if isinstance(model_dir, HostCopy):
+            if memory is None:
+                raise ValueError("an engine is rebuilt from a host copy only in an arena; pass memory=")
+            self.model_name: str | None = model_name or model_dir.model
+            kv_caches = self._load_in_arena(model_dir, memory, self.model_name)
+        elif memory is None:
+            self.model_name = model_name
             kv_caches = self._load_alone(model_dir)
         else:
-            kv_caches = self._load_in_arena(model_dir, memory, model_name or Path(model_dir).name)
+            self.model_name = model_name or Path(model_dir).name
+            kv_caches = self._load_in_arena(model_dir, memory, self.model_name)
         self.tokenizer = self.loaded.tokenizer
         spec = self._kv_spec()
         self.runner = ModelRunner(self.loaded.model, spec, kv_caches, self.device, self.config.seed)
@@ -98,6 +118,7 @@ class LLMEngine:
         its class's queue is full (nothing queued either way). hints: class, tenant, deadline.
         arrival_time: time.monotonic() when the request reached the server (None: now); TTFT targets
         and queue timeouts count from it, so time spent waiting for the step thread counts too."""
+        self._check_resident()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling", f"expected SamplingParams, got {type(params).__name__}")
         token_ids = self._tokenize(prompt)
@@ -126,7 +147,9 @@ class LLMEngine:
         return self.scheduler.has_unfinished
 
     def step(self) -> list[RequestOutput]:
-        """Run one batched model step; an output for every request that gained a token or finished."""
+        """Run one batched model step; an output for every request that gained a token or finished.
+        ModelEvictedError after evict()."""
+        self._check_resident()
         batch = self.scheduler.schedule()
         if batch is None:
             return []
@@ -154,6 +177,30 @@ class LLMEngine:
         stats.generated_tokens += len(outputs) - len(batch.rejected)
         stats.tokens_computed += batch.total_tokens
         return outputs
+
+    def evict(self, *, abort_running: bool = False, keep_host_copy: bool = True) -> HostCopy | None:
+        """Give the model's partition back to the arena, first copying its weights to host memory (pinned
+        on CUDA) when keep_host_copy: the HostCopy to rebuild it from with LLMEngine(host_copy, ...), or
+        None. Requests in flight refuse it (ModelBusyError) unless abort_running, which aborts them
+        first (freeing their blocks; their final outputs are dropped). The engine is unusable after:
+        add_request and step raise ModelEvictedError. ValueError for an engine not in an arena."""
+        self._check_resident()
+        if self.memory is None or self._placed is None:
+            raise ValueError("only an engine built in an arena (LLMEngine(memory=...)) can be evicted")
+        in_flight = self.scheduler.request_ids()
+        if in_flight and not abort_running:
+            raise ModelBusyError(self._placed.partition.model, len(in_flight))
+        for request_id in in_flight:
+            self.abort_request(request_id)
+        host = evict_to_host(self.memory, self._placed, keep_host_copy=keep_host_copy)
+        self._evicted = True
+        self.partition = None
+        self._placed = None
+        return host
+
+    def _check_resident(self) -> None:
+        if self._evicted:
+            raise ModelEvictedError(self.model_name or "")
 
     def _output(self, seq: Sequence, token: int) -> RequestOutput:
         text = ""
@@ -202,16 +249,27 @@ class LLMEngine:
         self.layout = self._plan_layout()
         return allocate_kv_caches(self._kv_spec(), self.layout.num_kv_blocks, self.device)
 
-    def _load_in_arena(self, model_dir: str | Path, memory: MemoryManager, name: str) -> KVCaches:
+    def _load_in_arena(self, source: str | Path | HostCopy, memory: MemoryManager, name: str) -> KVCaches:
         """Plan the KV pool first, so that the weights slot and the pool are reserved together as one
-        partition; then load the weights into the slot and lay the KV caches out in the pool."""
+        partition; then fill the slot (from the checkpoint, or from a host copy in one bulk copy) and
+        lay the KV caches out in the pool."""
         if memory.arena.device != self.device:
             raise ValueError(f"the engine runs on {self.device} but the arena is on {memory.arena.device}")
-        self.model_config = self._decoder_config(load_model_config(Path(model_dir)), model_dir)
-        self.layout = self._plan_layout()
-        self.loaded, self.partition = load_into_partition(
-            memory, name, model_dir, self.config.dtype, self.layout.kv_cache_bytes
-        )
+        if isinstance(source, HostCopy):
+            if source.dtype != parse_dtype(self.config.dtype):
+                raise ValueError(
+                    f"the host copy holds {source.dtype}, the engine is configured for {self.config.dtype}"
+                )
+            self.model_config = self._decoder_config(source.config, source.model_dir)
+            self.layout = self._plan_layout()
+            self._placed = load_from_host_copy(memory, name, source, self.layout.kv_cache_bytes)
+        else:
+            self.model_config = self._decoder_config(load_model_config(Path(source)), source)
+            self.layout = self._plan_layout()
+            self._placed = load_into_partition(
+                memory, name, source, self.config.dtype, self.layout.kv_cache_bytes
+            )
+        self.loaded, self.partition = self._placed.loaded, self._placed.partition
         assert self.partition.kv is not None  # the layout holds at least one block
         return kv_cache_views(memory.arena, self.partition.kv, self._kv_spec(), self.layout.num_kv_blocks)
 

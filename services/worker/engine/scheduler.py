@@ -120,6 +120,10 @@ class Scheduler:
         """True while any added sequence is neither finished nor aborted."""
         return bool(self._by_id)
 
+    def request_ids(self) -> list[str]:
+        """Ids of every unfinished sequence, waiting or running."""
+        return list(self._by_id)
+
     def waiting_of(self, workload: WorkloadClass) -> int:
         """Sequences of one workload class queued for (re-)admission."""
         return self._waiting_by_class[workload]

@@ -95,3 +95,38 @@ class OutOfMemoryError(MemoryManagerError):
 
 def _rebuild_oom(model: str, needed: int, free: int, largest_free: int, what: str) -> OutOfMemoryError:
     return OutOfMemoryError(model, needed, free, largest_free, what=what)
+
+
+class HostCopyMismatchError(MemoryManagerError, ValueError):
+    """A host copy's weight layout is not the one its model now gets (made by another code version, or
+    for another config): its bytes cannot be bound, so reload the model from its checkpoint instead."""
+
+    def __init__(self, copied: str, model: str) -> None:
+        super().__init__(
+            f"the host copy of model {copied!r} does not match the layout model {model!r} would get; "
+            "load it from its checkpoint"
+        )
+        self.copied = copied
+        self.model = model
+
+
+class ModelBusyError(MemoryManagerError):
+    """evict() was refused because the model still has requests in flight (maps to FAILED_PRECONDITION):
+    drain them, or evict with abort_running=True."""
+
+    def __init__(self, model: str, num_requests: int) -> None:
+        super().__init__(
+            f"model {model!r} has {num_requests} request(s) in flight; drain them or evict with "
+            "abort_running=True"
+        )
+        self.model = model
+        self.num_requests = num_requests
+
+
+class ModelEvictedError(MemoryManagerError, RuntimeError):
+    """The engine's model was evicted: its memory belongs to other models now (maps to UNAVAILABLE).
+    Build a new engine (from the host copy) to serve it again."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"model {model!r} was evicted; reload it before sending requests")
+        self.model = model

@@ -1,0 +1,156 @@
+"""Multi-model sharing of one arena: how fast an evicted model comes back from its host copy, against loading
+it from disk and against a plain torch copy of the same bytes; prints one JSON line on stdout.
+
+    .venv/bin/python bench/multimodel.py [--quick] [--device cpu|cuda] [--repeats N] [--model-dir DIR]
+
+Skeleton of issue 6's benchmark: switch overhead and the three-models-vs-three-workers throughput are not
+measured yet. Every timing is the median of --repeats runs; disk loads read a warm page cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+# Run as a script, Python put bench/ (not the repo root) on sys.path; `bench` and `services` live in the root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from bench.checkpoint import LLAMA_19M, ensure_checkpoint
+from bench.progress import log
+from services.worker.engine.config import EngineConfig
+from services.worker.engine.llm_engine import LLMEngine
+from services.worker.engine.sampling_params import SamplingParams
+from services.worker.memory.arena import Arena
+from services.worker.memory.host_copy import HostCopy
+from services.worker.memory.manager import MemoryManager
+
+DEFAULT_MODEL_DIR = Path(".cache/bench/llama-100m")
+# 2 x 32000 x 320 embedding/LM-head params + 4 layers of attention and MLP: ~25.6M float32 parameters,
+# ~102 MB of weights, the issue's "~100 MB model".
+LLAMA_100MB = {**LLAMA_19M, "hidden_size": 320, "intermediate_size": 1024}
+# A small KV pool, so that both load paths time the weights rather than zeroing a cache.
+KV_CACHE_BYTES = 4 * 1024**2
+GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
+PROBE_PROMPT = list(range(1, 33))
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 repeats: well under two minutes")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (default 10)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    args = parser.parse_args()
+    if args.repeats is not None and args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn: Callable[[], object], repeats: int, device: torch.device) -> float:
+    """Median wall time of fn() in ms over repeats runs, after one untimed warm-up run."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        fn()
+        sync(device)
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def first_tokens(engine: LLMEngine) -> list[int]:
+    """The greedy tokens of one probe prompt: proof that a reloaded model computes what it did."""
+    engine.add_request("probe", PROBE_PROMPT, GREEDY, detokenize=False)
+    tokens: list[int] = []
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens.extend(out.new_token_ids)
+    return tokens
+
+
+def main() -> None:
+    args = parse_args()
+    repeats = args.repeats or (3 if args.quick else 10)
+    device = torch.device(args.device)
+    model_dir = ensure_checkpoint(args.model_dir, LLAMA_100MB)
+    config = EngineConfig(device=args.device, kv_cache_bytes=KV_CACHE_BYTES, max_num_batched_tokens=64)
+
+    probe = MemoryManager(Arena(1 << 30, device))
+    engine = LLMEngine(model_dir, config, memory=probe, model_name="probe")
+    partition_bytes = probe.partition("probe").nbytes
+    expected = first_tokens(engine)
+    engine.evict(keep_host_copy=False)
+    del probe, engine
+    # Room for exactly one copy of the model, so every load reuses the same bytes.
+    memory = MemoryManager(Arena(partition_bytes, device))
+
+    def from_disk() -> None:
+        LLMEngine(model_dir, config, memory=memory, model_name="m").evict(keep_host_copy=False)
+
+    log("timing load from disk")
+    load_from_disk_ms = median_ms(from_disk, repeats, device)
+
+    engine = LLMEngine(model_dir, config, memory=memory, model_name="m")
+    evict_times = []
+    host: HostCopy | None = None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        host = engine.evict()
+        evict_times.append((time.perf_counter() - start) * 1e3)
+        assert host is not None
+        engine = LLMEngine(host, config, memory=memory)
+    assert host is not None
+
+    def from_host() -> None:
+        LLMEngine(host, config, memory=memory).evict(keep_host_copy=False)
+
+    engine.evict(keep_host_copy=False)
+    log(f"timing reload from a {'pinned ' if host.pinned else ''}host copy of {host.nbytes:,} bytes")
+    reload_from_host_ms = median_ms(from_host, repeats, device)
+    reloaded = LLMEngine(host, config, memory=memory)
+    outputs_match = first_tokens(reloaded) == expected
+
+    # The limit: one torch copy of the same bytes from host memory of the same kind into the device.
+    source = torch.empty(host.nbytes, dtype=torch.uint8, pin_memory=device.type == "cuda")
+    source.random_(0, 256)
+    target = torch.empty(host.nbytes, dtype=torch.uint8, device=device)
+    plain_copy_ms = median_ms(lambda: target.copy_(source, non_blocking=source.is_pinned()), repeats, device)
+
+    print(
+        json.dumps(
+            {
+                "device": str(device),
+                "model_bytes": host.nbytes,
+                "repeats": repeats,
+                "load_from_disk_ms": round(load_from_disk_ms, 3),
+                "reload_from_host_ms": round(reload_from_host_ms, 3),
+                "evict_to_host_ms": round(statistics.median(evict_times), 3),
+                "plain_copy_ms": round(plain_copy_ms, 3),
+                "host_copy_gbps": round(host.nbytes / reload_from_host_ms / 1e6, 3),
+                "plain_copy_gbps": round(host.nbytes / plain_copy_ms / 1e6, 3),
+                "reload_vs_plain_copy": round(reload_from_host_ms / plain_copy_ms, 3),
+                "disk_vs_host_speedup": round(load_from_disk_ms / reload_from_host_ms, 3),
+                "host_copy_pinned": host.pinned,
+                "outputs_match_after_reload": outputs_match,
+                "switch_overhead_us_p50": None,
+                "switch_overhead_us_p99": None,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
