@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 
+from bench.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_SMALL_DIR
 from bench.checkpoint import LLAMA_19M, ensure_checkpoint
 from bench.progress import log
 from services.worker.engine.config import EngineConfig
@@ -81,6 +83,43 @@ def first_tokens(engine: LLMEngine) -> list[int]:
     return tokens
 
 
+def switch_overhead_us(config: EngineConfig, device: torch.device, steps: int) -> tuple[float, float]:
+    """(p50, p99) of the time a decode step of a resident model takes beyond a step of the same model
+    when the previous step served the other resident model. Two copies of the small bench model share
+    one arena, each decoding 8 requests; the next model is drawn at random (seeded) every step."""
+    model_dir = ensure_checkpoint(DEFAULT_SMALL_DIR)
+    memory = MemoryManager(Arena(1 << 30, device))
+    engines = [LLMEngine(model_dir, config, memory=memory, model_name=name) for name in ("a", "b")]
+    long_run = SamplingParams(temperature=0.0, max_tokens=100_000, ignore_eos=True)
+    for engine in engines:
+        for i in range(8):
+            engine.add_request(f"r{i}", list(range(1 + i, 65 + i)), long_run, detokenize=False)
+        started: set[str] = set()
+        while len(started) < 8:  # until every prefill is done: each timed step is then 8 decodes
+            started.update(out.request_id for out in engine.step() if out.new_token_ids)
+    rng = random.Random(0)
+    after_same: list[float] = []
+    after_other: list[float] = []
+    previous = 0
+    for _ in range(steps):
+        current = rng.randrange(2)
+        sync(device)
+        start = time.perf_counter()
+        engines[current].step()
+        sync(device)
+        (after_same if current == previous else after_other).append((time.perf_counter() - start) * 1e6)
+        previous = current
+    for engine in engines:
+        engine.evict(abort_running=True, keep_host_copy=False)
+    p50 = statistics.median(after_other) - statistics.median(after_same)
+    p99 = _p99(after_other) - _p99(after_same)
+    return p50, p99
+
+
+def _p99(values: list[float]) -> float:
+    return statistics.quantiles(values, n=100)[98]
+
+
 def main() -> None:
     args = parse_args()
     repeats = args.repeats or (3 if args.quick else 10)
@@ -129,6 +168,9 @@ def main() -> None:
     target = torch.empty(host.nbytes, dtype=torch.uint8, device=device)
     plain_copy_ms = median_ms(lambda: target.copy_(source, non_blocking=source.is_pinned()), repeats, device)
 
+    log("timing steps after a switch between two resident models")
+    switch_p50, switch_p99 = switch_overhead_us(config, device, 300 if args.quick else 1500)
+
     print(
         json.dumps(
             {
@@ -145,8 +187,8 @@ def main() -> None:
                 "disk_vs_host_speedup": round(load_from_disk_ms / reload_from_host_ms, 3),
                 "host_copy_pinned": host.pinned,
                 "outputs_match_after_reload": outputs_match,
-                "switch_overhead_us_p50": None,
-                "switch_overhead_us_p99": None,
+                "switch_overhead_us_p50": round(switch_p50, 1),
+                "switch_overhead_us_p99": round(switch_p99, 1),
             }
         )
     )
