@@ -35,6 +35,12 @@ class EngineConfig:
     seed: int | None = 0
     policy: PolicyConfig | str | None = None
 
+    @property
+    def scheduling(self) -> PolicyConfig:
+        """The policy as a PolicyConfig (the field also accepts a name, normalised at construction)."""
+        assert isinstance(self.policy, PolicyConfig)  # __post_init__ made it one; not input checking
+        return self.policy
+
     def __post_init__(self) -> None:
         if self.policy is None or isinstance(self.policy, str):
             name = PolicyName(self.policy or PolicyName.ADAPTIVE)

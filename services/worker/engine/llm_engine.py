@@ -16,7 +16,7 @@ from services.worker.engine.errors import InvalidRequestError
 from services.worker.engine.kv_cache import KVCaches, KVCacheSpec, allocate_kv_caches, kv_cache_views
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.outputs import RequestOutput, TextState, make_output
-from services.worker.engine.policy.classes import DEFAULT_HINTS, PolicyConfig, SchedulingHints
+from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduler import Scheduler, SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence
@@ -97,7 +97,7 @@ class LLMEngine:
                 max_model_len=self.layout.max_model_len,
                 max_num_seqs=self.config.max_num_seqs,
                 max_num_batched_tokens=self.config.max_num_batched_tokens,
-                policy=self.config.policy if isinstance(self.config.policy, PolicyConfig) else None,
+                policy=self.config.scheduling,
             ),
             self.block_manager,
         )

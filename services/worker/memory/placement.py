@@ -17,8 +17,7 @@ from services.worker.memory.host_copy import HostCopy, copy_host_to_slot, copy_s
 from services.worker.memory.manager import MemoryManager
 from services.worker.memory.partition import Partition
 from services.worker.memory.weights import TensorSpec, WeightLayout, layout_tensors
-from services.worker.models.config import DecoderConfig, EncoderConfig
-from services.worker.models.loader import LoadedModel, load_model, model_class
+from services.worker.models.loader import LoadedModel, build_on_meta, load_model
 
 # Each tensor in a weights slot starts on a multiple of this: what CUDA kernels' vector loads want, and
 # the padding is negligible next to a model's tensors.
@@ -105,7 +104,7 @@ def load_from_host_copy(memory: MemoryManager, model_name: str, host: HostCopy, 
     is not laid out as host.layout (a copy from another code version); nothing is reserved then."""
     if model_name in memory:
         raise ModelAlreadyResidentError(model_name)
-    model = _build_on_meta(host.config, host.dtype)
+    model = build_on_meta(host.config, host.dtype)
     layout = weight_layout_of(model)
     if layout != host.layout or host.nbytes != layout.total_bytes:
         raise HostCopyMismatchError(host.model, model_name)
@@ -151,10 +150,3 @@ def _reserve_and_bind(
         memory.release(model_name)
         raise
     return partition
-
-
-def _build_on_meta(config: DecoderConfig | EncoderConfig, dtype: torch.dtype) -> nn.Module:
-    """config's model on the meta device in dtype, as load_model builds it before materializing."""
-    with torch.device("meta"):
-        model = model_class(config.architecture)(config)
-    return model.to(dtype=dtype)

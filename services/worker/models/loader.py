@@ -59,6 +59,13 @@ def model_class(architecture: str) -> type[nn.Module]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
+def build_on_meta(config: DecoderConfig | EncoderConfig, dtype: torch.dtype) -> nn.Module:
+    """config's model on the meta device in dtype: every tensor's shape and dtype, no storage."""
+    with torch.device("meta"):
+        model = model_class(config.architecture)(config)
+    return model.to(dtype=dtype)
+
+
 def load_model(
     model_dir: str | Path,
     dtype: torch.dtype | str = "float32",
@@ -81,9 +88,7 @@ def load_model(
         raise CheckpointError(model_dir / "tokenizer.json", "file not found (an embedding model needs one)")
     tokenizer = Tokenizer(model_dir) if has_tokenizer else None
     # Building on meta allocates nothing; to_empty then allocates each tensor once, already in dtype.
-    with torch.device("meta"):
-        model = model_class(config.architecture)(config)
-    model = model.to(dtype=torch_dtype)
+    model = build_on_meta(config, torch_dtype)
     if materialize is None:
         model = model.to_empty(device=device)
     else:

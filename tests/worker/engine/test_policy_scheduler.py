@@ -3,6 +3,7 @@ class priority, EDF, tenant fair share, the latency reserve, displacement, queue
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import replace
 
 import pytest
@@ -41,7 +42,8 @@ def seq(
 ) -> Sequence:
     params = SamplingParams(max_tokens=max_tokens, ignore_eos=True)
     hints = SchedulingHints(workload=workload, tenant=tenant, deadline=deadline)
-    first = 100 + 1000 * (hash(rid) % 50)  # distinct prompts: no accidental prefix hits
+    # Distinct prompts, the same in every run (str hash() is salted per process): no accidental prefix hits.
+    first = 100 + 1000 * (zlib.crc32(rid.encode()) % 100_000)
     tokens = list(range(first, first + prompt))
     return Sequence(rid, tokens, params, frozenset({TOKEN}), arrival_time=arrival, hints=hints)
 
