@@ -1,6 +1,8 @@
 """What the mesh adds to a request: the same seeded requests straight to one worker (Worker.Generate, the
-baseline) and through the gateway (Inference.Generate: auth, validation, classification, a Placer.Pick
-round trip and a proxy hop), in one run; prints one JSON line on stdout, progress on stderr.
+baseline) and through the gateway (Inference.Generate: auth, validation, classification, a pick by the
+gateway's placer replica, or with `--placement remote` a Placer.Pick round trip, and a proxy hop), in one
+run; prints one JSON line on stdout, progress on stderr. Every request names its workload class, so the
+worker schedules the two routes' copies alike.
 
     .venv/bin/python bench/mesh.py [--quick] [--worker-threads N] [--model-dir DIR]
 
@@ -13,7 +15,8 @@ added_i = median over rounds of (gateway TTFT - direct TTFT) of the same (round,
 are percentiles (linear interpolation) of added_i across requests. TTFT = call start to the first streamed
 message, measured in this client. Throughput: every request of a second set with `--in-flight` streams open
 (a closed loop), direct and gateway passes alternating per round; tok/s = streamed token ids / pass wall
-time, medians over rounds, mesh_throughput_ratio = gateway tok/s / direct tok/s.
+time; mesh_throughput_ratio = the median over rounds of gateway tok/s / direct tok/s of the same round.
+With 2+ cores the worker runs alone on the first core and everything else on the rest (--no-pin: not).
 Every stream must carry exactly max_tokens ids, the same on both routes (greedy): counted, not asserted.
 CPU per request of gateway, worker and placer is read from /proc per route, to show where the time goes.
 """
@@ -37,6 +40,7 @@ from bench import mesh_stats as st
 from bench.mesh_client import Route, Timed, concurrent_pass, make_requests
 from bench.mesh_stack import MODEL_NAME, MODEL_SPEC, MeshStack, ensure_model
 from bench.progress import log
+from hanzo.inference.v1 import common_pb2
 
 DEFAULT_MODEL_DIR = Path(".cache/bench/mesh-model")
 RUN_DIR = Path(".cache/bench/mesh-run")  # service logs of the last run
@@ -71,8 +75,14 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--placement",
         choices=("remote", "embedded"),
-        default="remote",
+        default="embedded",
         help="gateway picks via the placer service (remote) or an in-process placer replica (embedded)",
+    )
+    parser.add_argument(
+        "--no-pin",
+        action="store_true",
+        help="leave every process on every core (default with 2+ cores: the worker alone on core 0, the "
+        "gateway, placer, Redis and this client on the others, as on a GPU node where they run elsewhere)",
     )
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
@@ -144,11 +154,13 @@ async def measure(stack: MeshStack, cfg: dict[str, int], in_flight: int, seed: i
     """Both phases against a running stack; the measured part of the JSON result."""
     vocab = MODEL_SPEC["vocab_size"]
     lat_requests = make_requests(
-        MODEL_NAME, cfg["requests"], LATENCY_PROMPT_LENS, cfg["max_tokens"], vocab, seed
-    )
+        MODEL_NAME, cfg["requests"], LATENCY_PROMPT_LENS, cfg["max_tokens"], vocab, seed,
+        common_pb2.WORKLOAD_CLASS_REALTIME_CHAT,
+    )  # fmt: skip
     tp_requests = make_requests(
-        MODEL_NAME, cfg["tp_requests"], THROUGHPUT_PROMPT_LENS, cfg["tp_max_tokens"], vocab, seed + 1
-    )
+        MODEL_NAME, cfg["tp_requests"], THROUGHPUT_PROMPT_LENS, cfg["tp_max_tokens"], vocab, seed + 1,
+        common_pb2.WORKLOAD_CLASS_BATCH,
+    )  # fmt: skip
     direct = Route("direct", stack.worker_address, via_gateway=False)
     gateway = Route("gateway", stack.gateway_address, True, (("authorization", f"Bearer {API_KEY}"),))
     try:
@@ -174,6 +186,7 @@ async def measure(stack: MeshStack, cfg: dict[str, int], in_flight: int, seed: i
     g_tp = [[t for t in p.results] for p in passes["gateway"]]
     direct_tok_s = statistics.median(p.tok_s for p in passes["direct"])
     gateway_tok_s = statistics.median(p.tok_s for p in passes["gateway"])
+    round_ratios = [g.tok_s / d.tok_s for g, d in zip(passes["gateway"], passes["direct"], strict=True)]
     return {
         "gateway_added_ms_p50": st.percentile_ms(added_ttft, 50),
         "gateway_added_ms_p99": st.percentile_ms(added_ttft, 99),
@@ -185,12 +198,12 @@ async def measure(stack: MeshStack, cfg: dict[str, int], in_flight: int, seed: i
         "gateway_ttft_ms_p99": st.percentile_ms(st.flat(g_grid, "ttft_s"), 99),
         "direct_e2e_ms_p50": st.percentile_ms(st.flat(d_grid, "e2e_s"), 50),
         "gateway_e2e_ms_p50": st.percentile_ms(st.flat(g_grid, "e2e_s"), 50),
-        "mesh_throughput_ratio": gateway_tok_s / direct_tok_s,
+        # Paired by round (both routes ran back to back under the same machine state), then the median.
+        "mesh_throughput_ratio": statistics.median(round_ratios),
+        "ratio_of_median_tok_s": gateway_tok_s / direct_tok_s,
         "direct_tok_s": direct_tok_s,
         "gateway_tok_s": gateway_tok_s,
-        "throughput_ratio_per_round": [
-            g.tok_s / d.tok_s for g, d in zip(passes["gateway"], passes["direct"], strict=True)
-        ],
+        "throughput_ratio_per_round": round_ratios,
         # Where the gateway route's time goes: CPU per request of each service process, per route and phase.
         "cpu_ms_per_request": {"latency": lat_cpu.ms_per_request(), "throughput": tp_cpu.ms_per_request()},
         "requests": len(lat_requests),
@@ -217,9 +230,13 @@ def main() -> None:
     shutil.rmtree(RUN_DIR, ignore_errors=True)  # the children append to their logs: start them empty
     stack = MeshStack(RUN_DIR.resolve(), model_dir, API_KEY, args.worker_threads or None, args.placement)
     log(f"starting redis, placer, worker ({model_dir}), gateway; logs in {RUN_DIR}")
+    cpus = sorted(os.sched_getaffinity(0))
+    pinning = None if args.no_pin or len(cpus) < 2 else {"worker": cpus[:1], "mesh_and_client": cpus[1:]}
     with stack:
         log(f"worker {stack.worker_address} (pid {stack.worker_pid}), gateway {stack.gateway_address} "
-            f"(pid {stack.gateway_pid})")  # fmt: skip
+            f"(pid {stack.gateway_pid}), pinning {pinning}")  # fmt: skip
+        if pinning is not None:
+            stack.pin(set(pinning["worker"]), set(pinning["mesh_and_client"]))
         measured = asyncio.run(measure(stack, cfg, args.in_flight, args.seed))
     result = {
         **measured,
@@ -231,6 +248,7 @@ def main() -> None:
         },
         "worker_threads": args.worker_threads or None,
         "placement": args.placement,
+        "cpu_pinning": pinning,
         "model": {"dir": str(model_dir), **MODEL_SPEC},
         "quick": args.quick,
         "cpus": os.cpu_count(),

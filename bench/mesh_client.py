@@ -33,10 +33,18 @@ class Timed:
 
 
 def make_requests(
-    model: str, count: int, prompt_lens: Sequence[int], max_tokens: int, vocab_size: int, seed: int
+    model: str,
+    count: int,
+    prompt_lens: Sequence[int],
+    max_tokens: int,
+    vocab_size: int,
+    seed: int,
+    workload: int,
 ) -> list[inference_pb2.GenerateRequest]:
     """count greedy, ignore_eos requests of max_tokens tokens; prompt lengths cycle through prompt_lens
-    (tokens), ids drawn with `seed`, so every run sends the same requests."""
+    (tokens), ids drawn with `seed`, so every run sends the same requests. The class is explicit: the
+    worker schedules by class, and a direct request would otherwise be scheduled as UNSPECIFIED while the
+    gateway's copy is classified, so the two routes would not run the same work."""
     rng = random.Random(seed)
     requests = []
     for i in range(count):
@@ -44,6 +52,7 @@ def make_requests(
         requests.append(
             inference_pb2.GenerateRequest(
                 model=model,
+                workload_class=workload,
                 prompt_token_ids=inference_pb2.TokenIds(ids=ids),
                 sampling=inference_pb2.SamplingParams(
                     temperature=0.0, max_tokens=max_tokens, ignore_eos=True

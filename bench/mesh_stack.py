@@ -48,7 +48,7 @@ class MeshStack:
     model_dir: Path
     api_key: str
     worker_threads: int | None = 1
-    placement: str = "remote"  # the gateway's HANZO_GATEWAY_PLACEMENT
+    placement: str = "embedded"  # the gateway's HANZO_GATEWAY_PLACEMENT
     worker_address: str = ""
     gateway_address: str = ""
     gateway_pid: int = 0
@@ -122,6 +122,17 @@ class MeshStack:
         pids = {"gateway": self.gateway_pid, "worker": self.worker_pid, "placer": self.placer_pid}
         return {name: _cpu_s(pid) for name, pid in pids.items()}
 
+    def pin(self, worker_cpus: set[int], mesh_cpus: set[int]) -> None:
+        """Run the worker on worker_cpus and everything else (gateway, placer, Redis, this client) on
+        mesh_cpus, every thread of each process: in production the engine has its own cores and the
+        gateway runs elsewhere, so sharing a core with the engine's step loop measures contention, not
+        the mesh."""
+        _pin_process(self.worker_pid, worker_cpus)
+        redis_pid = self._redis.process.pid if self._redis and self._redis.process else None
+        for pid in (self.gateway_pid, self.placer_pid, redis_pid, os.getpid()):
+            if pid:
+                _pin_process(pid, mesh_cpus)
+
     def log_path(self, name: str) -> Path:
         """Where child `name` (placer, worker, gateway) writes stdout and stderr."""
         return self.run_dir / f"{name}.log"
@@ -151,3 +162,9 @@ def _cpu_s(pid: int) -> float:
     # Fields 14 and 15 of /proc/PID/stat (utime, stime, in clock ticks); the name before ")" may hold spaces.
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pin_process(pid: int, cpus: set[int]) -> None:
+    # Affinity is per thread and inherited at creation: set it on every thread that exists now.
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        os.sched_setaffinity(int(task.name), cpus)

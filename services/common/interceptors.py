@@ -9,6 +9,26 @@ import grpc
 
 from services.common.errors import ServiceError, retry_hint
 from services.worker.engine.errors import AdmissionError, EngineDeadError, InvalidRequestError
+from services.worker.memory.errors import (
+    HostCopyMismatchError,
+    MemoryManagerError,
+    ModelAlreadyResidentError,
+    ModelBusyError,
+    ModelEvictedError,
+    OutOfMemoryError,
+    UnknownModelError,
+)
+from services.worker.models.errors import CheckpointError
+
+# Memory-manager errors by class; the first match wins, so subclasses come before their bases.
+_MEMORY_STATUS: tuple[tuple[type[MemoryManagerError], grpc.StatusCode], ...] = (
+    (OutOfMemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),  # the arena is full even after eviction
+    (UnknownModelError, grpc.StatusCode.NOT_FOUND),
+    (ModelAlreadyResidentError, grpc.StatusCode.ALREADY_EXISTS),
+    (ModelBusyError, grpc.StatusCode.FAILED_PRECONDITION),  # evict with force, or wait for it to drain
+    (ModelEvictedError, grpc.StatusCode.UNAVAILABLE),  # it left this worker: another may serve it
+    (HostCopyMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+)
 
 
 def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
@@ -21,10 +41,19 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
         return grpc.StatusCode.UNAVAILABLE, str(exc)
     if isinstance(exc, AdmissionError):  # worded like ResourceExhausted: one hint format for callers
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc) + retry_hint(exc.retry_after_s)
+    if isinstance(exc, CheckpointError):  # the files on disk are wrong; retrying will not help
+        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+    if isinstance(exc, MemoryManagerError):
+        for kind, code in _MEMORY_STATUS:
+            if isinstance(exc, kind):
+                return code, str(exc)
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)  # bad sizes or ranges asked of the manager
     return None
 
 
-_TYPED = (ServiceError, InvalidRequestError, EngineDeadError, AdmissionError)
+_TYPED = (
+    ServiceError, InvalidRequestError, EngineDeadError, AdmissionError, CheckpointError, MemoryManagerError
+)  # fmt: skip
 
 
 async def _abort(context: grpc.aio.ServicerContext, exc: BaseException) -> None:

@@ -4,6 +4,7 @@ SIGINT/SIGTERM, stop gracefully."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable
@@ -18,11 +19,16 @@ class Service(Protocol):
 
 S = TypeVar("S", bound=Service)
 
+_YOUNG_GC_THRESHOLD = 20_000
+
 
 async def serve(make_app: Callable[[], S], ready_line: Callable[[S], str]) -> None:
     """Build the app inside the event loop, start it, print its one readiness line, run until signalled."""
     app = make_app()
     await app.start()
+    # What start-up built (modules, models, servers) lives until exit: moved out of the collector's view,
+    # full collections stop re-walking it on the request path.
+    gc.freeze()
     # One machine-readable line, so launchers and tests learn the ports that port 0 picked.
     print(ready_line(app), flush=True)
     stop = asyncio.Event()
@@ -36,4 +42,7 @@ async def serve(make_app: Callable[[], S], ready_line: Callable[[S], str]) -> No
 def run(make_app: Callable[[], S], ready_line: Callable[[S], str]) -> None:
     """Entry point body of a service's __main__."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Every streamed message allocates a few container objects; at the default threshold (700) the young
+    # generation was collected every few requests, a tenth of the gateway's CPU. Cycles still get freed.
+    gc.set_threshold(_YOUNG_GC_THRESHOLD, *gc.get_threshold()[1:])
     asyncio.run(serve(make_app, ready_line))

@@ -46,6 +46,8 @@ class ChildProcess:
         self.ready: dict[str, str] = {}
         self.started_at = time.monotonic()
         with open(log_path, "ab") as log:  # the child keeps its own descriptor; ours can close
+            # A reused log holds earlier runs' READY lines: only what this child writes counts.
+            self._read_offset = log.tell()
             self.process = subprocess.Popen(
                 [sys.executable, "-m", module],
                 cwd=ROOT,
@@ -56,7 +58,6 @@ class ChildProcess:
                 start_new_session=True,
                 preexec_fn=_die_with_parent,
             )
-        self._read_offset = 0
 
     @property
     def pid(self) -> int:

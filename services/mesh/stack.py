@@ -122,6 +122,8 @@ class Stack:
             HANZO_GATEWAY_PORT=ports.take(),
             HANZO_GATEWAY_METRICS_PORT=ports.take(),
             HANZO_GATEWAY_PLACER_ADDRESS=placer_address,
+            HANZO_GATEWAY_REDIS_URL=redis_url,
+            HANZO_GATEWAY_KEY_PREFIX=prefix,
             HANZO_GATEWAY_API_KEYS=cfg.api_key,
             HANZO_GATEWAY_ZONE=ZONE,
             HANZO_GATEWAY_RACK="r1",

@@ -67,15 +67,29 @@ class OutOfMemoryError(MemoryManagerError):
 
     model: whose partition it was for; needed: bytes asked for (after alignment); free: bytes free in the
     arena; largest_free: the largest contiguous free range, which is what a single slot needs. When
-    free >= needed the arena is fragmented rather than full, and the message says so.
+    free >= needed the arena is fragmented rather than full, and the message says so. weight_bytes and
+    kv_bytes: the two ranges a refused new partition asked for (None for other requests), so a caller
+    can plan which models to evict to make room for exactly that.
     """
 
-    def __init__(self, model: str, needed: int, free: int, largest_free: int, *, what: str = "partition"):
+    def __init__(
+        self,
+        model: str,
+        needed: int,
+        free: int,
+        largest_free: int,
+        *,
+        what: str = "partition",
+        weight_bytes: int | None = None,
+        kv_bytes: int | None = None,
+    ):
         self.model = model
         self.needed = needed
         self.free = free
         self.largest_free = largest_free
         self.what = what
+        self.weight_bytes = weight_bytes
+        self.kv_bytes = kv_bytes
         if free >= needed:
             why = (
                 f"{format_bytes(free)} are free in total, but fragmented: the largest contiguous range "
@@ -90,11 +104,17 @@ class OutOfMemoryError(MemoryManagerError):
 
     def __reduce__(self) -> tuple[object, ...]:
         # Exceptions pickle their args by default; ours are the constructor's, not the message.
-        return (_rebuild_oom, (self.model, self.needed, self.free, self.largest_free, self.what))
+        fields = (self.model, self.needed, self.free, self.largest_free, self.what)
+        return (_rebuild_oom, (*fields, self.weight_bytes, self.kv_bytes))
 
 
-def _rebuild_oom(model: str, needed: int, free: int, largest_free: int, what: str) -> OutOfMemoryError:
-    return OutOfMemoryError(model, needed, free, largest_free, what=what)
+def _rebuild_oom(
+    model: str, needed: int, free: int, largest_free: int, what: str, weight_bytes: int | None,
+    kv_bytes: int | None,
+) -> OutOfMemoryError:  # fmt: skip
+    return OutOfMemoryError(
+        model, needed, free, largest_free, what=what, weight_bytes=weight_bytes, kv_bytes=kv_bytes
+    )
 
 
 class HostCopyMismatchError(MemoryManagerError, ValueError):

@@ -86,7 +86,7 @@ class MemoryManager:
             placed = _place(self._allocator, [weight_bytes, kv_bytes])
             if placed is None:
                 needed = self._allocator.round_up(weight_bytes) + self._allocator.round_up(kv_bytes)
-                raise self._oom(model, needed, "weights and KV pool")
+                raise self._oom(model, needed, "weights and KV pool", weight_bytes, kv_bytes)
             weights, kv = placed  # weights is a range: weight_bytes >= 1
             part = Partition(model, weights, kv)  # type: ignore[arg-type]
             self._partitions[model] = part
@@ -208,9 +208,12 @@ class MemoryManager:
             raise error
         return moved
 
-    def _oom(self, model: str, needed: int, what: str) -> OutOfMemoryError:
+    def _oom(
+        self, model: str, needed: int, what: str, weight_bytes: int | None = None, kv_bytes: int | None = None
+    ) -> OutOfMemoryError:
+        free, largest = self._allocator.free_bytes, self._allocator.largest_free
         return OutOfMemoryError(
-            model, needed, self._allocator.free_bytes, self._allocator.largest_free, what=what
+            model, needed, free, largest, what=what, weight_bytes=weight_bytes, kv_bytes=kv_bytes
         )
 
     def _put_back(self, model: str, current: ByteRange | None, original: ByteRange) -> None:
