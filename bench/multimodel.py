@@ -1,10 +1,16 @@
-"""Multi-model sharing of one arena: how fast an evicted model comes back from its host copy, against loading
-it from disk and against a plain torch copy of the same bytes; prints one JSON line on stdout.
+"""Multi-model serving: how fast an evicted model comes back from its host copy (against loading it from disk
+and against a plain torch copy of the same bytes), what switching between two resident models costs a decode
+step, and the throughput of three models served from ONE worker process against THREE single-model workers
+on the same cores; prints one JSON line on stdout, progress on stderr.
 
     .venv/bin/python bench/multimodel.py [--quick] [--device cpu|cuda] [--repeats N] [--model-dir DIR]
+        [--serving-threads N] [--skip-serving] [--seed N]
 
-Skeleton of issue 6's benchmark: switch overhead and the three-models-vs-three-workers throughput are not
-measured yet. Every timing is the median of --repeats runs; disk loads read a warm page cache.
+Load timings are the median of --repeats runs; disk loads read a warm page cache. Switch overhead: the p50 and
+p99 of a decode step right after a step of the other resident model, minus those of a step after the same
+model. One-vs-three workers (bench/multimodel_serving.py, whose docstring defines every key): real
+`python -m services.worker` processes over loopback gRPC, the same seeded workload in both configurations,
+alternating which goes first by round; on CPU whatever --device (RSS is then the whole footprint).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import torch
 
 from bench.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_SMALL_DIR
 from bench.checkpoint import LLAMA_19M, ensure_checkpoint
+from bench.multimodel_serving import measure_serving
 from bench.progress import log
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.llm_engine import LLMEngine
@@ -49,9 +56,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per measurement (default 10)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR)
+    parser.add_argument(
+        "--serving-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS of every worker process in the one-vs-three-workers part (default 1: one "
+        "compute thread per model in both configurations; see bench/multimodel_serving.py)",
+    )
+    parser.add_argument("--skip-serving", action="store_true", help="leave out the one-vs-three-workers part")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the serving workload's requests")
     args = parser.parse_args()
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.serving_threads < 1:
+        parser.error("--serving-threads must be at least 1")
     return args
 
 
@@ -171,6 +189,11 @@ def main() -> None:
     log("timing steps after a switch between two resident models")
     switch_p50, switch_p99 = switch_overhead_us(config, device, 300 if args.quick else 1500)
 
+    serving: dict[str, object] = {}
+    if not args.skip_serving:
+        log("serving three models from one worker process and from three")
+        serving = measure_serving(args.quick, args.serving_threads, args.seed, DEFAULT_MODEL_DIR.parent)
+
     print(
         json.dumps(
             {
@@ -189,6 +212,7 @@ def main() -> None:
                 "outputs_match_after_reload": outputs_match,
                 "switch_overhead_us_p50": round(switch_p50, 1),
                 "switch_overhead_us_p99": round(switch_p99, 1),
+                **serving,
             }
         )
     )

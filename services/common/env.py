@@ -58,3 +58,23 @@ def env_enum(environ: Mapping[str, str], name: str, default: _E) -> _E:
         if member.value.lower() == wanted:
             return member
     raise ValueError(f"{name}={raw!r}: use {'|'.join(m.value for m in members)}")
+
+
+def env_optional_float(environ: Mapping[str, str], name: str, minimum: float | None = None) -> float | None:
+    """A float if the variable is set, else None; ValueError naming it when malformed or too small."""
+    return env_float(environ, name, 0.0, minimum) if environ.get(name) not in (None, "") else None
+
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def env_bool(environ: Mapping[str, str], name: str, default: bool) -> bool:
+    """1/true/yes/on or 0/false/no/off (any case), else default when unset; ValueError otherwise."""
+    raw = environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE or value in _FALSE:
+        return value in _TRUE
+    raise ValueError(f"{name}={raw!r}: use one of {'|'.join(_TRUE + _FALSE)}")

@@ -24,6 +24,12 @@ _YOUNG_GC_THRESHOLD = 20_000
 
 async def serve(make_app: Callable[[], S], ready_line: Callable[[S], str]) -> None:
     """Build the app inside the event loop, start it, print its one readiness line, run until signalled."""
+    # Handlers first: a launcher may signal as soon as it reads the readiness line, and a SIGTERM that
+    # arrived before them would kill the process without a graceful stop.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     app = make_app()
     await app.start()
     # What start-up built (modules, models, servers) lives until exit: moved out of the collector's view,
@@ -31,10 +37,6 @@ async def serve(make_app: Callable[[], S], ready_line: Callable[[S], str]) -> No
     gc.freeze()
     # One machine-readable line, so launchers and tests learn the ports that port 0 picked.
     print(ready_line(app), flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await app.stop()
 

@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
+from services.common.tasks import cancel_and_wait
 from services.common.tracing import make_tracer_provider
 from services.placer.config import PlacerSettings
 from services.placer.demand import demand_rates
@@ -70,9 +71,7 @@ class PlacerApp:
     async def stop(self, grace_s: float = 2.0) -> None:
         """Health goes NOT_SERVING, in-flight calls get grace_s to finish, then everything closes."""
         await set_serving(self.health, ["", SERVICE_NAME, FRESHNESS_CHECK], False)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         await self.server.stop(grace_s)
         await self.replica.stop()
         self.tracer_provider.shutdown()

@@ -10,6 +10,7 @@ import time
 
 from hanzo.inference.v1 import placer_pb2
 from services.common.errors import InvalidArgument, NotFound, Unavailable
+from services.common.tasks import cancel_and_wait
 from services.common.workload import WorkloadClass
 from services.placer.cluster.schema import Keys
 from services.placer.cluster.store import ClusterStore
@@ -48,8 +49,7 @@ class PlacerReplica:
 
     async def stop(self) -> None:
         if self._flusher is not None:
-            self._flusher.cancel()
-            await asyncio.gather(self._flusher, return_exceptions=True)
+            await cancel_and_wait([self._flusher])
         await self.view.stop()
         await self.store.close()
 

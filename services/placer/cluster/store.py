@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import redis.asyncio as aioredis
 
 from hanzo.inference.v1 import cluster_state_pb2
+from services.common.tasks import bounded
 from services.placer.cluster.schema import Keys
 
 
@@ -23,8 +24,8 @@ class ClusterStore:
         self.events_client = aioredis.Redis.from_url(url, socket_connect_timeout=0.5, health_check_interval=5)
 
     async def close(self) -> None:
-        await self.client.aclose()
-        await self.events_client.aclose()
+        await bounded(self.client.aclose(), "closing the Redis client")
+        await bounded(self.events_client.aclose(), "closing the Redis event client")
 
     async def write_node(self, entry: cluster_state_pb2.NodeEntry, ttl_s: float) -> None:
         """Store a heartbeat (whole entry), refresh its TTL and index, and announce it."""

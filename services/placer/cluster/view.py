@@ -16,9 +16,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
+from redis.asyncio.client import PubSub
 from redis.exceptions import RedisError
 
 from hanzo.inference.v1 import cluster_state_pb2
+from services.common.tasks import cancel_and_wait
 from services.placer.cluster.convert import node_record, thermal_sample
 from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.cluster.store import ClusterStore
@@ -115,9 +117,7 @@ class ClusterView:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
         self._tasks = []
 
     async def wait_subscribed(self) -> None:
@@ -183,7 +183,7 @@ class ClusterView:
                 # Buffered messages arrive without suspending; yield so a burst never delays picks.
                 await asyncio.sleep(0)
         finally:
-            await pubsub.aclose()
+            await _close_pubsub(pubsub)
 
     def _apply_event(self, event: cluster_state_pb2.ClusterEvent) -> None:
         kind = event.WhichOneof("change")
@@ -203,3 +203,16 @@ class ClusterView:
         self._raw.pop(node_id, None)
         self.thermal.pop(node_id, None)
         self.snapshot.remove(node_id)
+
+
+_PUBSUB_CLOSE_TIMEOUT_S = 1.0
+
+
+async def _close_pubsub(pubsub: PubSub) -> None:
+    """Close a subscription, bounded: redis-py's aclose() can wait forever for the socket to close
+    (redis/redis-py#3941), which would hang a graceful stop; then drop the connection without waiting."""
+    try:
+        await asyncio.wait_for(pubsub.aclose(), _PUBSUB_CLOSE_TIMEOUT_S)
+    except TimeoutError:
+        if pubsub.connection is not None:
+            await pubsub.connection.disconnect(nowait=True)

@@ -1,20 +1,32 @@
 """asyncio front of the engine: the engine steps in its own thread; the event loop never waits on a model.
 
-Callers' commands (add, abort) cross to the engine thread through a queue and are applied between
-steps; each step's outputs cross back in one `call_soon_threadsafe`, fanned out to per-request queues.
+Callers' commands (add, abort, call, hold) cross to the engine thread through a queue and are applied
+between steps, in the order they were sent; each step's outputs cross back in one
+`call_soon_threadsafe`, fanned out to per-request queues.
+
+Holding (`async with llm.paused() as held:`) parks the engine thread on the hold's own queue: no step
+runs and no later command is applied until the block exits, while `held.call(fn)` still runs fn on
+that thread. It cannot deadlock on its own: an engine thread only ever waits for its command queue or
+its hold's queue, both fed from the event loop, and it never waits for another engine. Holding several
+engines is safe in any order. What does wait forever is awaiting, inside the block, anything the held
+engine must do first: a stream's next output, wait_idle(), shutdown(), or a call() (use held.call).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import itertools
 import logging
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import torch
 
 from services.worker.engine.errors import EngineDeadError, InvalidRequestError
 from services.worker.engine.llm_engine import LLMEngine
@@ -23,6 +35,8 @@ from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -40,12 +54,45 @@ class _Abort:
     request_id: str
 
 
+@dataclass
+class _Call:
+    fn: Callable[[LLMEngine], Any]
+    done: concurrent.futures.Future[Any]
+
+
+@dataclass
+class _Hold:
+    held: concurrent.futures.Future[None]  # resolved once the engine thread has stopped stepping
+    calls: queue.SimpleQueue[_Call | None] = field(default_factory=queue.SimpleQueue)  # None releases
+    released: bool = False  # set on the loop side when the paused() block exits
+
+
+_Command = _Add | _Abort | _Call | _Hold
+
+
+class HeldEngine:
+    """An engine whose thread is parked by AsyncLLM.paused(): no steps, no commands applied."""
+
+    def __init__(self, engine: LLMEngine, hold: _Hold) -> None:
+        self.engine = engine  # safe to read from the loop while held; run heavy work through call()
+        self._hold = hold
+
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """fn(engine) run on the held engine thread; its result, or its exception raised here.
+        RuntimeError once the paused() block has exited (nothing would run it)."""
+        if self._hold.released:
+            raise RuntimeError("the engine is no longer held; use AsyncLLM.call")
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._hold.calls.put(_Call(fn, done))
+        return await asyncio.wrap_future(done)
+
+
 class AsyncLLM:
     """Streaming generation over one LLMEngine. Use as `async with AsyncLLM(engine) as llm:`."""
 
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
-        self._commands: queue.SimpleQueue[_Add | _Abort | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -92,10 +139,7 @@ class AsyncLLM:
 
         Leaving the iteration early (the caller was cancelled or broke out) aborts the request at once.
         """
-        if self._dead is not None or self._thread is None:
-            raise EngineDeadError(
-                f"engine is not running: {self._dead!r}" if self._dead else "engine not started"
-            )
+        self._check_alive()
         request_id = request_id or f"req-{next(self._ids)}"
         if request_id in self._streams:
             raise InvalidRequestError("request_id", f"{request_id!r} is already in flight")
@@ -132,19 +176,58 @@ class AsyncLLM:
         """Return once the engine has nothing in flight (every request finished or aborted)."""
         await self._idle.wait()
 
+    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
+        """fn(engine) run on the engine thread between steps, after every command sent before it; its
+        result, or its exception raised here (the engine keeps running). EngineDeadError if it stopped."""
+        self._check_alive()
+        done: concurrent.futures.Future[T] = concurrent.futures.Future()
+        self._put(_Call(fn, done))
+        return await asyncio.wrap_future(done)
+
+    @contextlib.asynccontextmanager
+    async def paused(self) -> AsyncIterator[HeldEngine]:
+        """Hold the engine thread between steps for the duration of the block (see the module docstring
+        for what not to await inside it); yields a HeldEngine to inspect or call it. Commands sent
+        meanwhile are applied after the block. EngineDeadError if the engine stopped."""
+        self._check_alive()
+        hold = _Hold(concurrent.futures.Future())
+        self._put(hold)
+        try:
+            await asyncio.wrap_future(hold.held)
+            yield HeldEngine(self.engine, hold)
+        finally:
+            hold.released = True
+            hold.calls.put(None)  # also when cancelled before the hold began: the thread then passes it
+
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop request_id before its next step; its stream ends with finish_reason abort.
         Call from the event loop's thread."""
         self._put(_Abort(request_id))
 
-    def _put(self, command: _Add | _Abort) -> None:
+    def _check_alive(self) -> None:
+        if self._dead is not None or self._thread is None:
+            raise EngineDeadError(
+                f"engine is not running: {self._dead!r}" if self._dead else "engine not started"
+            )
+
+    def _put(self, command: _Command) -> None:
         self._submitted += 1
         self._idle.clear()
         self._commands.put(command)
+        if self._dead is not None:
+            # The engine thread sets _dead before it drains the queue, so either that drain saw this
+            # command or we see _dead here: no caller waits forever on a command nobody will apply.
+            self._refuse_pending(EngineDeadError(f"engine step failed: {self._dead!r}"))
 
     # --- engine thread ---------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        # Each engine thread issues its model's kernels on a stream of its own: resident models that step
+        # at the same time overlap on the GPU (spatial sharing) instead of queueing on the default stream.
+        with _own_stream(self.engine.device):
+            self._step_loop()
+
+    def _step_loop(self) -> None:
         engine = self.engine
         try:
             while True:
@@ -172,8 +255,10 @@ class AsyncLLM:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(command, _Add):
-                command.done.set_exception(error)
+            if isinstance(command, _Add | _Call):
+                _settle(command.done, error=error)
+            elif isinstance(command, _Hold):
+                _settle(command.held, error=error)
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued adds/aborts; False when shutdown was requested."""
@@ -194,9 +279,13 @@ class AsyncLLM:
                         hints=command.hints,
                         arrival_time=command.arrival_time,
                     )
-                    command.done.set_result(None)
+                    _settle(command.done, None)
                 except Exception as exc:  # bad input: only this request fails
-                    command.done.set_exception(exc)
+                    _settle(command.done, error=exc)
+            elif isinstance(command, _Call):
+                _run_call(self.engine, command)
+            elif isinstance(command, _Hold):
+                self._hold(command)
             else:
                 final = self.engine.abort_request(command.request_id)
                 if final is not None:
@@ -205,6 +294,12 @@ class AsyncLLM:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return True
+
+    def _hold(self, hold: _Hold) -> None:
+        """Park this thread, running hold's calls, until the holder releases it."""
+        _settle(hold.held, None)
+        while (call := hold.calls.get()) is not None:
+            _run_call(self.engine, call)
 
     def _deliver(self, outputs: list[RequestOutput], idle: bool) -> None:
         assert self._loop is not None
@@ -225,3 +320,33 @@ class AsyncLLM:
     def _fail_all(self, error: BaseException) -> None:
         for stream in self._streams.values():
             stream.put_nowait(error)
+
+
+def _run_call(engine: LLMEngine, call: _Call) -> None:
+    """Run call.fn unless its caller was cancelled already (as an executor would); hand back its result."""
+    if not call.done.set_running_or_notify_cancel():
+        return
+    try:
+        result = call.fn(engine)
+    except Exception as exc:  # the caller's function failed, not the engine: hand it back
+        call.done.set_exception(exc)
+    else:
+        call.done.set_result(result)
+
+
+def _settle(
+    future: concurrent.futures.Future[Any], result: object = None, *, error: BaseException | None = None
+) -> None:
+    """Resolve future unless its awaiting caller was cancelled (a cancelled future refuses a result)."""
+    if future.set_running_or_notify_cancel():
+        if error is None:
+            future.set_result(result)
+        else:
+            future.set_exception(error)
+
+
+def _own_stream(device: torch.device) -> contextlib.AbstractContextManager[object]:
+    """A new CUDA stream made current for the calling thread on a CUDA device; a no-op elsewhere."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.stream(torch.cuda.Stream(device))

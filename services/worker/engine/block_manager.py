@@ -19,6 +19,20 @@ from services.worker.engine.sequence import Sequence
 
 BlockHashFn = Callable[[int, tuple[int, ...]], int]
 
+
+class BlocksInUseError(RuntimeError):
+    """A resize would drop blocks that live sequences still hold (maps to FAILED_PRECONDITION): finish or
+    abort those requests first. num_held: how many of the dropped ids are held."""
+
+    def __init__(self, num_blocks: int, num_held: int) -> None:
+        super().__init__(
+            f"cannot shrink the KV pool to {num_blocks} blocks: {num_held} block(s) with a higher id are "
+            "held by requests in flight"
+        )
+        self.num_blocks = num_blocks
+        self.num_held = num_held
+
+
 # Parent hash of block 0; any fixed value works, it only has to be the same for every sequence.
 _ROOT_HASH = 0x5EED_B10C
 
@@ -206,6 +220,50 @@ class BlockManager:
                     self._free.append(block)
         seq.block_table.clear()
         seq.block_hashes = []
+
+    def num_held_from(self, num_blocks: int) -> int:
+        """How many block ids >= num_blocks live sequences hold: what resize(num_blocks) would refuse."""
+        return sum(1 for count in self._refcount[num_blocks:] if count > 0)
+
+    def resize(self, num_blocks: int) -> None:
+        """Make the pool num_blocks (>= 1) blocks. Growing adds free ids; shrinking drops ids >= num_blocks,
+        which must be free or only cached (their cache entries go), else BlocksInUseError and nothing
+        changes. Ids below num_blocks keep their refcounts and cache entries."""
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        old = self.num_blocks
+        if num_blocks < old:
+            held = self.num_held_from(num_blocks)
+            if held:
+                raise BlocksInUseError(num_blocks, held)
+            for block in range(num_blocks, old):
+                h = self._block_hash[block]
+                if h is not None:  # held blocks were refused above, so this one is evictable
+                    del self._evictable[block]
+                    del self._cache[h]
+            self._free = [block for block in self._free if block < num_blocks]
+            del self._refcount[num_blocks:]
+            del self._block_hash[num_blocks:]
+            del self._block_tokens[num_blocks:]
+        else:
+            # New ids at the bottom of the stack: low ids are still handed out first.
+            self._free[:0] = range(num_blocks - 1, old - 1, -1)
+            extra = num_blocks - old
+            self._refcount.extend([0] * extra)
+            self._block_hash.extend([None] * extra)
+            self._block_tokens.extend([None] * extra)
+        self.num_blocks = num_blocks
+
+    def clear(self) -> None:
+        """Forget every cached block (their KV is gone: the pool moved). BlocksInUseError if any block is
+        held; the prefix statistics are kept."""
+        if self._num_used:
+            raise BlocksInUseError(self.num_blocks, self._num_used)
+        self._evictable.clear()
+        self._cache.clear()
+        self._block_hash = [None] * self.num_blocks
+        self._block_tokens = [None] * self.num_blocks
+        self._free = list(range(self.num_blocks - 1, -1, -1))
 
     def _evict_one(self) -> int:
         """Take the least recently freed cached block and drop its cache entry; caller checked room."""

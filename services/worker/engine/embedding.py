@@ -2,7 +2,8 @@
 
 Callers (threads or coroutines) submit texts; one batching thread drains everything submitted so far,
 sorts it by length so padding stays small, runs forwards of at most max_batch_tokens padded tokens and
-hands each caller its rows.
+hands each caller its rows. Built with a MemoryManager, the encoder's weights are views of a partition of
+the arena (a weights slot, no KV pool), which evict() gives back.
 """
 
 from __future__ import annotations
@@ -18,8 +19,19 @@ import numpy as np
 import torch
 
 from services.worker.engine.errors import EngineDeadError, InvalidRequestError
-from services.worker.models.config import EncoderConfig
-from services.worker.models.loader import load_model
+from services.worker.memory.errors import ModelEvictedError
+from services.worker.memory.host_copy import HostCopy
+from services.worker.memory.manager import MemoryManager
+from services.worker.memory.partition import Partition
+from services.worker.memory.placement import (
+    PlacedModel,
+    evict_to_host,
+    load_from_host_copy,
+    load_into_partition,
+    module_tensor_specs,
+)
+from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
+from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 
 
 @dataclass
@@ -33,31 +45,84 @@ class EmbeddingEngine:
 
     def __init__(
         self,
-        model_dir: str | Path,
+        model_dir: str | Path | HostCopy,
         *,
         dtype: str = "float32",
         device: str = "cpu",
         max_batch_tokens: int = 8192,
+        memory: MemoryManager | None = None,
+        model_name: str | None = None,
     ) -> None:
-        loaded = load_model(model_dir, dtype=dtype, device=device)
-        if not isinstance(loaded.config, EncoderConfig):
-            raise InvalidRequestError("model", f"{model_dir} is a decoder; serve it with LLMEngine")
-        assert loaded.tokenizer is not None  # the loader requires one for encoders
-        self.model = loaded.model
-        self.config: EncoderConfig = loaded.config
-        self.tokenizer = loaded.tokenizer
+        """model_dir: an encoder checkpoint directory, or the HostCopy an earlier engine's evict() returned
+        (then memory is required, dtype must be the copy's, and nothing is read from disk).
+        memory: None loads the weights on their own. A MemoryManager builds the encoder in a new partition
+        of its arena named model_name (None: the directory's name, or the name the copy was evicted
+        under), with no KV pool; device must be the arena's. InvalidRequestError for a decoder,
+        ModelAlreadyResidentError / OutOfMemoryError from the arena (nothing reserved then)."""
         self.device = torch.device(device)
         self.max_batch_tokens = max_batch_tokens
+        self.memory = memory
+        self.partition: Partition | None = None  # None: not in an arena, or evicted
+        self._placed: PlacedModel | None = None
+        if isinstance(model_dir, HostCopy):
+            if memory is None:
+                raise ValueError("an encoder is rebuilt from a host copy only in an arena; pass memory=")
+            self.model_name: str | None = model_name or model_dir.model
+            loaded = self._load_in_arena(model_dir, dtype, memory, self.model_name)
+        elif memory is None:
+            self.model_name = model_name
+            loaded = load_model(model_dir, dtype=dtype, device=device)
+        else:
+            self.model_name = model_name or Path(model_dir).name
+            loaded = self._load_in_arena(model_dir, dtype, memory, self.model_name)
+        self.config: EncoderConfig = _encoder_config(loaded.config, loaded.model_dir)
+        assert loaded.tokenizer is not None  # the loader requires one for encoders; a host copy keeps it
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
         self.dim = self.config.hidden_size
         self.num_batches = 0  # forwards run; with concurrent callers fewer than calls (tests read it)
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # Held while deciding whether a job may still be queued, so that none lands behind the stop
+        # sentinel (where the batching thread would never serve it and its caller would wait forever).
+        self._accepting = threading.Lock()
+        self._closed = False
+        self._evicted = False
         self._thread = threading.Thread(target=self._run, name="embedding-batcher", daemon=True)
         self._thread.start()
 
+    @property
+    def weight_bytes(self) -> int:
+        """Bytes the weights hold: in an arena the partition's weights slot (aligned, tensor padding
+        included), else the distinct parameters and buffers; 0 once evicted."""
+        if self._evicted:
+            return 0
+        if self.partition is not None:
+            return self.partition.weight_bytes
+        return sum(spec.nbytes for spec in module_tensor_specs(self.model))
+
     def close(self) -> None:
-        """Stop the batching thread after the work already submitted."""
-        self._jobs.put(None)
-        self._thread.join()
+        """Stop the batching thread after the work already submitted; later submits raise EngineDeadError.
+        An arena partition stays held: evict() gives it back. Idempotent."""
+        self._stop()
+
+    def evict(self, *, keep_host_copy: bool = True) -> HostCopy | None:
+        """Give the encoder's partition back to the arena: stop accepting work (submit then raises
+        ModelEvictedError), let the jobs already submitted finish (blocks until they have: their
+        forwards read the bytes being released), stop the batching thread, then release the partition,
+        first copying the weights to host memory (pinned on CUDA) when keep_host_copy. Returns that
+        HostCopy, to rebuild with EmbeddingEngine(host_copy, memory=...), or None. ValueError for an
+        engine not in an arena; ModelEvictedError if already evicted."""
+        with self._accepting:  # checked and set together: of two concurrent evicts, one releases
+            if self._evicted:
+                raise ModelEvictedError(self.model_name or "")
+            if self.memory is None or self._placed is None:
+                raise ValueError("only an engine built in an arena (memory=...) can be evicted")
+            self._evicted = True
+        self._stop()
+        host = evict_to_host(self.memory, self._placed, keep_host_copy=keep_host_copy)
+        self.partition = None
+        self._placed = None
+        return host
 
     def encode(self, texts: list[str]) -> np.ndarray:
         """Embeddings float32 [len(texts), dim], in input order; InvalidRequestError on bad input."""
@@ -77,12 +142,45 @@ class EmbeddingEngine:
         return self._submit(texts)[0]
 
     def _submit(self, texts: list[str]) -> tuple[concurrent.futures.Future[np.ndarray], int]:
-        if not self._thread.is_alive():
-            raise EngineDeadError("embedding engine is closed")
-        token_ids = self._tokenize(texts)
+        self._check_accepting()
+        token_ids = self._tokenize(texts)  # outside the lock: tokenizing a large batch takes a while
         job = _Job(token_ids, concurrent.futures.Future())
-        self._jobs.put(job)
+        with self._accepting:
+            self._check_accepting()  # evict() or close() may have run while we tokenized
+            self._jobs.put(job)
         return job.done, sum(len(ids) for ids in token_ids)
+
+    def _check_accepting(self) -> None:
+        if self._evicted:
+            raise ModelEvictedError(self.model_name or "")
+        if self._closed or not self._thread.is_alive():
+            raise EngineDeadError("embedding engine is closed")
+
+    def _stop(self) -> None:
+        """Refuse new jobs, then wait for the batching thread to serve the queued ones and exit."""
+        with self._accepting:
+            if not self._closed:
+                self._closed = True
+                self._jobs.put(None)
+        self._thread.join()
+
+    def _load_in_arena(
+        self, source: str | Path | HostCopy, dtype: str, memory: MemoryManager, name: str
+    ) -> LoadedModel:
+        """Build the encoder in a new partition with no KV pool: from the checkpoint, or from a host copy
+        in one bulk copy. The config is checked first, so a decoder never gets a partition."""
+        if memory.arena.device != self.device:
+            raise ValueError(f"the engine runs on {self.device} but the arena is on {memory.arena.device}")
+        if isinstance(source, HostCopy):
+            if source.dtype != parse_dtype(dtype):
+                raise ValueError(f"the host copy holds {source.dtype}, the engine is configured for {dtype}")
+            _encoder_config(source.config, source.model_dir)
+            self._placed = load_from_host_copy(memory, name, source, kv_bytes=0)
+        else:
+            _encoder_config(load_model_config(Path(source)), source)
+            self._placed = load_into_partition(memory, name, source, dtype, kv_bytes=0)
+        self.partition = self._placed.partition
+        return self._placed.loaded
 
     def _tokenize(self, texts: list[str]) -> list[list[int]]:
         if isinstance(texts, str) or not isinstance(texts, list | tuple):
@@ -154,3 +252,10 @@ class EmbeddingEngine:
             self.num_batches += 1
             i = j
         return out
+
+
+def _encoder_config(config: DecoderConfig | EncoderConfig, model_dir: str | Path) -> EncoderConfig:
+    """config if it is an encoder's; InvalidRequestError naming model_dir otherwise."""
+    if not isinstance(config, EncoderConfig):
+        raise InvalidRequestError("model", f"{model_dir} is a decoder; serve it with LLMEngine")
+    return config

@@ -13,6 +13,11 @@ from services.worker.memory.arena import Arena
 KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
+class KVPoolTooSmallError(ValueError):
+    """A KV pool too small for what the engine must hold: no block at all, or less than an unfinished
+    request's tokens (maps to FAILED_PRECONDITION). Give the model more KV bytes, or drain it first."""
+
+
 @dataclass(frozen=True)
 class KVCacheSpec:
     """Shape of the paged KV cache; bytes_per_block covers K and V of every layer."""
@@ -62,3 +67,51 @@ def kv_cache_views(arena: Arena, pool: ByteRange, spec: KVCacheSpec, num_blocks:
     # by whatever held these bytes before) would still be NaN.
     pool_view.zero_()
     return [(pool_view[layer, 0], pool_view[layer, 1]) for layer in range(spec.num_layers)]
+
+
+# Largest piece relayout_kv_pool copies at once: bounds the staging copy it makes outside the arena.
+_MOVE_PIECE_BYTES = 64 * 1024**2
+
+
+def relayout_kv_pool(
+    arena: Arena, pool: ByteRange, spec: KVCacheSpec, old_blocks: int, new_blocks: int
+) -> KVCaches:
+    """The KV caches of new_blocks (>= 1) blocks over pool, a KV range resized in place (same offset) that
+    held old_blocks: blocks [0, min(old, new)) keep their contents, added blocks are zeroed.
+
+    The layout is layer-major (see kv_cache_views), so a block's bytes depend on the block count: each
+    layer's K and V move to their new offset. Growing moves them to higher offsets, last first;
+    shrinking to lower ones, first first; so nothing is overwritten before it is read.
+    """
+    needed = new_blocks * spec.bytes_per_block
+    if new_blocks < 1 or needed > pool.nbytes:
+        raise ValueError(f"{new_blocks} KV blocks need {needed} bytes; the pool {pool} holds fewer")
+    chunks = 2 * spec.num_layers  # one K or V of one layer, in layer-major order
+    block_bytes = spec.bytes_per_block // chunks
+    span = max(old_blocks, new_blocks) * spec.bytes_per_block
+    data = arena.view(ByteRange(pool.offset, span), torch.uint8, (span,))
+    kept = min(old_blocks, new_blocks) * block_bytes
+    order = range(chunks - 1, 0, -1) if new_blocks > old_blocks else range(1, chunks)
+    for chunk in order:  # chunk 0 starts at the pool's offset either way
+        _move(data, chunk * old_blocks * block_bytes, chunk * new_blocks * block_bytes, kept)
+    for chunk in range(chunks) if new_blocks > old_blocks else ():
+        start = chunk * new_blocks * block_bytes
+        data[start + kept : start + new_blocks * block_bytes].zero_()  # why: see kv_cache_views
+    shape = (spec.num_layers, 2, *spec.block_shape(new_blocks))
+    pool_view = arena.view(ByteRange(pool.offset, needed), spec.dtype, shape)
+    return [(pool_view[layer, 0], pool_view[layer, 1]) for layer in range(spec.num_layers)]
+
+
+def _move(data: torch.Tensor, src: int, dst: int, nbytes: int) -> None:
+    """memmove within the uint8 tensor data, in pieces; a piece overlapping its own source is staged."""
+    if src == dst or nbytes == 0:
+        return
+    piece = _MOVE_PIECE_BYTES
+    starts = range(0, nbytes, piece)
+    # Toward higher offsets the tail must go first (its source is what the head's destination covers).
+    for start in reversed(starts) if dst > src else starts:
+        size = min(piece, nbytes - start)
+        source = data[src + start : src + start + size]
+        if abs(dst - src) < size:
+            source = source.clone()
+        data[dst + start : dst + start + size].copy_(source)

@@ -54,6 +54,13 @@ class ModelRunner:
         # CPU: decodes attended in groups of this many (see paged_attention); CUDA: all in one.
         self.decode_group_size: int | None = _CPU_DECODE_GROUP if device.type == "cpu" else None
 
+    def set_kv_caches(self, kv_caches: KVCaches) -> None:
+        """Attend over kv_caches (this spec, any block count) from the next step on: the engine's KV pool
+        was resized or moved. Call between steps."""
+        self.kv_caches = kv_caches
+        self.num_blocks = kv_caches[0][0].shape[0]
+        self.attention.kv_caches = kv_caches
+
     @torch.inference_mode()
     def execute(self, batch: ScheduledBatch) -> list[int | None]:
         """Run the batch; the sampled token per sequence (None for a prefill chunk that samples nothing)."""

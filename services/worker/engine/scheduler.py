@@ -124,6 +124,26 @@ class Scheduler:
         """Ids of every unfinished sequence, waiting or running."""
         return list(self._by_id)
 
+    def unfinished(self) -> list[Sequence]:
+        """Every unfinished sequence, waiting or running."""
+        return list(self._by_id.values())
+
+    def resize_pool(self, num_blocks: int) -> None:
+        """Re-derive the limits that depend on the KV pool's size after the block manager was resized to
+        num_blocks (KV repartitioning): the watermark, the pool's token capacity, the longest sequence."""
+        self._watermark_blocks = int(self.config.watermark * num_blocks)
+        self._pool_tokens = num_blocks * self.block_manager.block_size
+        self._max_len = min(self.config.max_model_len, self._pool_tokens)
+
+    def preempt_all(self) -> list[Sequence]:
+        """Send every running sequence back to the queue to recompute (its KV is gone: the pool moved);
+        the preempted, highest-ranked first in the queue as after ordinary preemption."""
+        running = list(self._running)
+        for seq in reversed(running):  # each requeue goes to the front, so the highest ends up first
+            self._preempt(seq)
+        self._running.clear()
+        return running
+
     def waiting_of(self, workload: WorkloadClass) -> int:
         """Sequences of one workload class queued for (re-)admission."""
         return self._waiting_by_class[workload]

@@ -11,8 +11,11 @@ from opentelemetry.sdk.trace import TracerProvider
 from prometheus_client import start_http_server
 
 from hanzo.inference.v1 import placer_pb2, worker_pb2, worker_pb2_grpc
+from services.common.errors import ResourceExhausted
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
+from services.common.tasks import cancel_and_wait
 from services.common.tracing import make_tracer_provider
+from services.worker.models.errors import CheckpointError
 from services.worker.server.config import WorkerSettings
 from services.worker.server.heartbeat import Heartbeat, node_report
 from services.worker.server.host import ModelHost
@@ -47,7 +50,12 @@ class WorkerApp:
 
     async def start(self) -> None:
         for name in self.settings.models:
-            await self.host.load(name)
+            try:
+                # In catalog order while they fit: a later model never evicts an earlier one at start.
+                await self.host.load(name, make_room=False)
+            except (CheckpointError, ResourceExhausted) as exc:
+                # The rest of the catalog still serves; this one can be loaded later (LoadModel, placer).
+                log.error("not serving %s from the start: %s", name, exc)
         await self.server.start()
         await set_serving(self.health, ["", SERVICE_NAME], True)
         if self.settings.metrics_port is not None:
@@ -61,6 +69,8 @@ class WorkerApp:
             asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
             asyncio.create_task(self._gauges(), name="gauges"),
         ]
+        if self.settings.kv_rebalance_interval_s > 0 and self.host.memory is not None:
+            self._tasks.append(asyncio.create_task(self._rebalance_kv(), name="kv-rebalance"))
         log.info("worker %s serving %s on %s", self.node_id, sorted(self.host.models), self.address)
 
     async def stop(self) -> None:
@@ -72,9 +82,8 @@ class WorkerApp:
             with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
                 await asyncio.wait_for(self.heartbeat.stub.Heartbeat(self._report(), timeout=1.0), 1.5)
         await self.server.stop(self.settings.drain_timeout_s)
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
+        self._tasks = []  # a cancelled task's traceback holds its frame, and so this app
         await self.host.close()
         if self._placer_channel is not None:
             await self._placer_channel.close()
@@ -85,8 +94,18 @@ class WorkerApp:
             self.node_id, self.advertise_address, self.settings, self.host, self.servicer.draining
         )
 
+    async def _rebalance_kv(self) -> None:
+        """KV repartitioning between resident decoders, every kv_rebalance_interval_s."""
+        while True:
+            await asyncio.sleep(self.settings.kv_rebalance_interval_s)
+            try:
+                await self.host.rebalance_kv()
+            except Exception:  # a failed move must not stop the loop; the engines serve as before
+                log.exception("KV rebalancing failed")
+
     async def _gauges(self) -> None:
         """Refresh the engine-state metrics (cheap reads) once a second."""
         while True:
             self.metrics.refresh(list(self.host.models.values()))
+            self.metrics.refresh_memory(self.host)
             await asyncio.sleep(1.0)

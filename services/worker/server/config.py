@@ -12,7 +12,15 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from services.common.env import env_enum, env_float, env_int, env_optional_int, env_str
+from services.common.env import (
+    env_bool,
+    env_enum,
+    env_float,
+    env_int,
+    env_optional_float,
+    env_optional_int,
+    env_str,
+)
 from services.common.workload import WorkloadClass
 from services.worker.engine.policy.classes import (
     DEFAULT_CLASS_POLICIES,
@@ -23,6 +31,11 @@ from services.worker.engine.policy.classes import (
 
 _POLICY_FIELDS = tuple(f.name for f in dataclasses.fields(ClassPolicy))
 _DEFAULT_POLICY = PolicyConfig()
+# A CPU arena is ordinary virtual memory: pages no model or KV pool touched cost nothing. Still not
+# huge: fork() of a process holding several (in-process test workers) is refused under the kernel's
+# heuristic overcommit. On CUDA the arena takes this fraction of the memory free at start.
+DEFAULT_CPU_ARENA_BYTES = 1 << 30
+DEFAULT_CUDA_ARENA_FRACTION = 0.9
 
 
 def parse_models(raw: str, variable: str) -> dict[str, Path]:
@@ -107,7 +120,15 @@ class WorkerSettings:
     node_id None means "<hostname>-<bound port>". advertise_address None means the bound address.
     max_waiting: queued requests per model before new ones get RESOURCE_EXHAUSTED (every class together;
     class_policies sets each class's own limit, queue timeout and SLOs). scheduling_policy, class_policies
-    and latency_reserve make every engine's PolicyConfig (policy_config())."""
+    and latency_reserve make every engine's PolicyConfig (policy_config()).
+    The arena (every model's weights and KV pool, reserved at start): arena_bytes, or on CUDA
+    arena_fraction of the free memory; both None picks the device's default, arena_bytes=0 runs without
+    an arena. keep_host_copies: an evicted model's weights stay in host memory (pinned on CUDA) for a
+    fast reload, up to host_copy_bytes in all (None: no limit). evict_busy: a load that needs room may
+    evict models with requests in flight (aborting them); by default only idle ones. Every
+    kv_rebalance_interval_s (0: never) a decoder short of KV blocks takes them from idle ones, each
+    donor keeping kv_donor_min_blocks.
+    """
 
     host: str = "127.0.0.1"
     port: int = 50061
@@ -132,9 +153,31 @@ class WorkerSettings:
         default_factory=lambda: DEFAULT_CLASS_POLICIES
     )
     latency_reserve: float = _DEFAULT_POLICY.latency_reserve
+    arena_bytes: int | None = None
+    arena_fraction: float | None = None
+    keep_host_copies: bool = True
+    host_copy_bytes: int | None = None
+    evict_busy: bool = False
+    kv_rebalance_interval_s: float = 1.0
+    kv_donor_min_blocks: int = 16
 
     def __post_init__(self) -> None:
         self.policy_config()  # a bad policy fails at start, not at the first model load
+        if self.arena_bytes is not None and self.arena_fraction is not None:
+            raise ValueError("set HANZO_WORKER_ARENA_BYTES or HANZO_WORKER_ARENA_FRACTION, not both")
+        if self.arena_fraction is not None and not 0.0 < self.arena_fraction <= 1.0:
+            raise ValueError(f"HANZO_WORKER_ARENA_FRACTION={self.arena_fraction} must be in (0, 1]")
+
+    def arena_size(self) -> tuple[float | None, int | None]:
+        """(fraction of free GPU memory, byte budget) for Arena.for_device, exactly one of them set;
+        (None, None) when the worker runs without an arena."""
+        if self.arena_bytes == 0:
+            return None, None
+        if self.arena_bytes is not None or self.arena_fraction is not None:
+            return self.arena_fraction, self.arena_bytes
+        if self.device.startswith("cuda"):
+            return DEFAULT_CUDA_ARENA_FRACTION, None
+        return None, DEFAULT_CPU_ARENA_BYTES
 
     def policy_config(self) -> PolicyConfig:
         """The scheduling policy every engine of this worker runs (ValueError when inconsistent)."""
@@ -172,6 +215,15 @@ class WorkerSettings:
             scheduling_policy=env_enum(environ, p + "SCHEDULING_POLICY", PolicyName.ADAPTIVE),
             class_policies=parse_class_policies(environ.get(p + "CLASS_POLICIES", ""), p + "CLASS_POLICIES"),
             latency_reserve=_fraction(environ, p + "LATENCY_RESERVE", cls.latency_reserve),
+            arena_bytes=env_optional_int(environ, p + "ARENA_BYTES"),
+            arena_fraction=env_optional_float(environ, p + "ARENA_FRACTION"),
+            keep_host_copies=env_bool(environ, p + "KEEP_HOST_COPIES", cls.keep_host_copies),
+            host_copy_bytes=env_optional_int(environ, p + "HOST_COPY_BYTES"),
+            evict_busy=env_bool(environ, p + "EVICT_BUSY", cls.evict_busy),
+            kv_rebalance_interval_s=env_float(
+                environ, p + "KV_REBALANCE_INTERVAL_S", cls.kv_rebalance_interval_s, 0.0
+            ),
+            kv_donor_min_blocks=env_int(environ, p + "KV_DONOR_MIN_BLOCKS", cls.kv_donor_min_blocks, 1),
         )
 
 

@@ -18,8 +18,17 @@ from services.worker.server.host import GENERATE, ModelHost
 log = logging.getLogger(__name__)
 
 
-def gpu_info(settings: WorkerSettings) -> placer_pb2.GpuInfo:
-    """The device's memory: CUDA's own numbers, or the host's on a CPU worker."""
+def gpu_info(settings: WorkerSettings, host: ModelHost) -> placer_pb2.GpuInfo:
+    """The device and the memory models can be loaded into: the arena's when the worker has one (the
+    rest of the device is not ours to fill), else CUDA's own numbers or the host's on a CPU worker."""
+    info = _device_info(settings)
+    if host.memory is not None:
+        info.memory_total_bytes = host.memory.arena.total_bytes
+        info.memory_free_bytes = host.memory.free_bytes
+    return info
+
+
+def _device_info(settings: WorkerSettings) -> placer_pb2.GpuInfo:
     if settings.device.startswith("cuda"):
         device = torch.device(settings.device)
         free, total = torch.cuda.mem_get_info(device)
@@ -42,6 +51,13 @@ def node_report(
         placer_pb2.ModelState(name=m.name, weight_bytes=m.weight_bytes, resident=True, kind=m.kind)
         for m in host.models.values()
     ]
+    # Evicted with their weights kept on the host: a load here is a bulk copy, not a disk read.
+    models += [
+        placer_pb2.ModelState(
+            name=name, weight_bytes=copy.nbytes, resident=False, host_copy=True, kind=host.kind_of(copy)
+        )
+        for name, copy in host.host_copies.items()
+    ]
     decoders = [m for m in host.models.values() if m.kind == GENERATE]
     load = placer_pb2.NodeLoad(
         running=sum(m.running for m in decoders),
@@ -53,7 +69,7 @@ def node_report(
         node_id=node_id,
         address=address,
         topology=common_pb2.Topology(zone=settings.zone, rack=settings.rack, host=settings.hostname),
-        gpu=gpu_info(settings),
+        gpu=gpu_info(settings, host),
         models=models,
         load=load,
         draining=draining,
@@ -111,6 +127,6 @@ class Heartbeat:
                 await self.host.load(name)
         for name in reply.evict_models:
             served = self.host.models.get(name)
-            if served is not None and served.running + served.waiting == 0:
+            if served is not None and served.in_flight == 0:
                 log.info("placer asks to evict idle %s", name)
                 await self.host.evict(name, force=False)

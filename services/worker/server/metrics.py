@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.common.workload import WorkloadClass
 from services.worker.engine.llm_engine import LLMEngine
-from services.worker.server.host import ServedModel
+from services.worker.server.host import ModelHost, ServedModel
 
 _K = TypeVar("_K", bound=Hashable)
 
@@ -79,6 +79,25 @@ class WorkerMetrics:
             ["model"],
             registry=r,
         )
+        self.arena_bytes = Gauge(
+            "hanzo_worker_arena_bytes",
+            "The memory arena reserved at start: state total, free (in no partition) or host_copies "
+            "(weights of evicted models kept in host memory for a fast reload)",
+            ["state"],
+            registry=r,
+        )
+        self.model_bytes = Gauge(
+            "hanzo_worker_model_bytes",
+            "Arena bytes a resident model holds, by part (weights, kv)",
+            ["model", "part"],
+            registry=r,
+        )
+        self.evictions = Counter(
+            "hanzo_worker_model_evictions",
+            "Models evicted: reason request (EvictModel or a placer directive) or lru (to make room)",
+            ["reason"],
+            registry=r,
+        )
         self.kv_usage = Gauge(
             "hanzo_worker_kv_cache_usage_ratio",
             "KV blocks in use, 0-1 (vllm:kv_cache_usage_perc)",
@@ -119,6 +138,24 @@ class WorkerMetrics:
         )
         # Engine counters are cumulative per engine; a reloaded model is a new engine starting at zero.
         self._seen: weakref.WeakKeyDictionary[LLMEngine, _Exported] = weakref.WeakKeyDictionary()
+        self._evictions_exported: dict[str, int] = {}
+
+    def refresh_memory(self, host: ModelHost) -> None:
+        """The arena's bytes and each resident model's share, from the memory manager's accounting."""
+        for reason, count in host.evictions.items():
+            gained = count - self._evictions_exported.get(reason, 0)
+            if gained > 0:
+                self.evictions.labels(reason).inc(gained)
+                self._evictions_exported[reason] = count
+        if host.memory is None:
+            return
+        self.arena_bytes.labels("total").set(host.memory.arena.total_bytes)
+        self.arena_bytes.labels("free").set(host.memory.free_bytes)
+        self.arena_bytes.labels("host_copies").set(sum(c.nbytes for c in host.host_copies.values()))
+        self.model_bytes.clear()  # evicted models drop out
+        for model, usage in host.memory.usage().items():
+            self.model_bytes.labels(model, "weights").set(usage.weight_bytes)
+            self.model_bytes.labels(model, "kv").set(usage.kv_bytes)
 
     def refresh(self, models: Iterable[ServedModel]) -> None:
         """Copy engine state into the metrics: load gauges as they are now, the engine's cumulative

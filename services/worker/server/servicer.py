@@ -77,8 +77,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Embed(
         self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.EmbedResponse:
-        embedder = self.host.embedder(request.model)
-        vectors, num_tokens = await embedder.encode_with_usage(list(request.inputs))
+        with self.host.embedding(request.model) as embedder:
+            vectors, num_tokens = await embedder.encode_with_usage(list(request.inputs))
         self.metrics.prompt_tokens.labels(request.model).inc(num_tokens)
         return inference_pb2.EmbedResponse(
             data=[inference_pb2.Embedding(values=row.tolist(), index=i) for i, row in enumerate(vectors)],

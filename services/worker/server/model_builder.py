@@ -1,0 +1,83 @@
+"""Building one served model: a streaming engine for a decoder, a batching encoder for an embedding model,
+from its checkpoint or from the host copy kept when it was evicted, in the worker's arena if it has one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from services.worker.engine.async_llm import AsyncLLM
+from services.worker.engine.config import EngineConfig
+from services.worker.engine.embedding import EmbeddingEngine
+from services.worker.engine.llm_engine import LLMEngine
+from services.worker.memory.host_copy import HostCopy
+from services.worker.memory.manager import MemoryManager
+from services.worker.models.config import EncoderConfig, load_model_config
+from services.worker.server.config import WorkerSettings
+
+GENERATE = "generate"
+EMBED = "embed"
+
+
+@dataclass
+class ServedModel:
+    """One resident model. Exactly one of llm / embedder is set, as kind says. source: "disk" or
+    "host_copy", where its weights came from. in_flight_embeds: Embed calls running on it (decoders
+    count their requests in the scheduler)."""
+
+    name: str
+    kind: str
+    weight_bytes: int
+    source: str
+    llm: AsyncLLM | None = None
+    embedder: EmbeddingEngine | None = None
+    in_flight_embeds: int = field(default=0)
+
+    @property
+    def running(self) -> int:
+        return self.llm.engine.scheduler.num_running if self.llm else 0
+
+    @property
+    def waiting(self) -> int:
+        return self.llm.engine.scheduler.num_waiting if self.llm else 0
+
+    @property
+    def in_flight(self) -> int:
+        """Requests that an eviction now would cut off."""
+        return self.running + self.waiting + self.in_flight_embeds
+
+    @property
+    def kv_usage(self) -> float:
+        return self.llm.engine.block_manager.usage if self.llm else 0.0
+
+
+def build_model(
+    name: str, source: Path | HostCopy, settings: WorkerSettings, memory: MemoryManager | None
+) -> ServedModel:
+    """The served model `name` from a checkpoint directory or a host copy (then memory is required and
+    nothing is read from disk). Blocks for as long as loading takes: call it off the event loop. Raises
+    CheckpointError for a bad checkpoint, OutOfMemoryError when its partition does not fit the arena."""
+    s = settings
+    origin = "host_copy" if isinstance(source, HostCopy) else "disk"
+    config = source.config if isinstance(source, HostCopy) else load_model_config(source)
+    if isinstance(config, EncoderConfig):
+        embedder = EmbeddingEngine(source, dtype=s.dtype, device=s.device, memory=memory, model_name=name)
+        return ServedModel(name, EMBED, embedder.weight_bytes, origin, embedder=embedder)
+    engine_config = EngineConfig(
+        dtype=s.dtype,
+        device=s.device,
+        kv_cache_bytes=s.kv_cache_bytes,
+        max_num_seqs=s.max_num_seqs,
+        max_num_batched_tokens=s.max_num_batched_tokens,
+        policy=s.policy_config(),
+    )
+    engine = LLMEngine(source, engine_config, memory=memory, model_name=name)
+    weight_bytes = engine.partition.weight_bytes if engine.partition else _module_bytes(engine.runner.model)
+    return ServedModel(name, GENERATE, weight_bytes, origin, llm=AsyncLLM(engine))
+
+
+def _module_bytes(model: torch.nn.Module) -> int:
+    params = {id(p): p for p in model.parameters()}  # tied weights once
+    return sum(p.numel() * p.element_size() for p in params.values())
