@@ -200,3 +200,28 @@ async def test_a_decoder_short_of_kv_takes_blocks_from_an_idle_one(same_size_mod
         assert await greedy(host, "b") == LLM(same_size_models["b"]).generate([PROMPT], GREEDY)[0].token_ids
     finally:
         await host.close()
+
+
+async def test_a_busy_model_does_not_starve_another(same_size_models: dict[str, Path]) -> None:
+    host = ModelHost(settings(same_size_models, 64 << 20))
+    try:
+        await host.load("a")
+        await host.load("b")
+        busy = host.generator("a")
+        flood = SamplingParams(temperature=0.0, max_tokens=120, ignore_eos=True)
+        finished_a: list[float] = []
+
+        async def run_a(i: int) -> None:
+            async for _ in busy.generate([3 + i, 9, 27], flood):
+                pass
+            finished_a.append(asyncio.get_running_loop().time())
+
+        tasks = [asyncio.create_task(run_a(i)) for i in range(8)]
+        await asyncio.sleep(0)
+        tokens_b = await greedy(host, "b")  # each model steps on its own engine thread
+        b_done = asyncio.get_running_loop().time()
+        await asyncio.gather(*tasks)
+        assert tokens_b == LLM(same_size_models["b"]).generate([PROMPT], GREEDY)[0].token_ids
+        assert b_done < min(finished_a), "b's short request waited for a's flood to drain"
+    finally:
+        await host.close()
