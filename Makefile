@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/hanzo/inference/v1/*.proto)
 GENERATED := hanzo/inference/v1/placer_pb2.py
 
-.PHONY: setup protos demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed clean
+.PHONY: setup protos demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed bench-multimodel clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -56,6 +56,10 @@ bench-mesh: setup
 # fifo vs adaptive scheduling on one seeded mixed trace (batch + real-time + agent); `--quick` for < 2 min.
 bench-mixed: setup
 	$(PY) bench/mixed.py
+
+# multi-model memory: host-copy reload vs disk vs plain copy, switch overhead, 1 worker x 3 models vs 3 workers
+bench-multimodel: setup
+	$(PY) bench/multimodel.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache hanzo
