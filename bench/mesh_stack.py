@@ -14,7 +14,7 @@ import grpc
 
 from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc
 from services.common.redis_server import RedisServer
-from services.mesh.process import ChildProcess
+from services.mesh.process import ChildProcess, stop_newest_first
 
 MODEL_NAME = "bench-llama"
 # hidden 256, 4 layers, vocab 512 (the synthetic tokenizer's size): a few ms per decode step on CPU, so the
@@ -108,10 +108,7 @@ class MeshStack:
 
     def stop(self) -> dict[str, int]:
         """SIGTERM each child, newest first, SIGKILL after STOP_TIMEOUT_S; then Redis. Exit codes by name."""
-        codes: dict[str, int] = {}
-        while self._children:
-            child = self._children.pop()
-            codes[child.name] = child.stop(STOP_TIMEOUT_S)
+        codes = stop_newest_first(self._children, STOP_TIMEOUT_S)
         if self._redis is not None:
             self._redis.stop()
             self._redis = None

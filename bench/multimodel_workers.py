@@ -9,7 +9,7 @@ from pathlib import Path
 from types import TracebackType
 
 from bench.progress import log
-from services.mesh.process import ChildProcess
+from services.mesh.process import ChildProcess, stop_newest_first
 
 READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 20.0
@@ -90,10 +90,7 @@ class WorkerGroup:
 
     def stop(self) -> dict[str, int]:
         """SIGTERM each worker, newest first, SIGKILL after STOP_TIMEOUT_S; exit codes by node id."""
-        codes: dict[str, int] = {}
-        while self._children:
-            child = self._children.pop()
-            codes[child.name] = child.stop(STOP_TIMEOUT_S)
+        codes = stop_newest_first(self._children, STOP_TIMEOUT_S)
         if self._placer is not None:
             self._placer.close()
             self._placer = None

@@ -148,3 +148,13 @@ def start_service(
         child.kill()  # not ready means nothing to drain: no graceful stop to wait for
         raise
     return child
+
+
+def stop_newest_first(children: list[ChildProcess], timeout_s: float) -> dict[str, int]:
+    """Stop every child, the last started first (it may depend on the earlier ones), emptying the list:
+    SIGTERM, then SIGKILL after timeout_s. Exit codes by child name."""
+    codes: dict[str, int] = {}
+    while children:
+        child = children.pop()
+        codes[child.name] = child.stop(timeout_s)
+    return codes

@@ -23,6 +23,7 @@ from services.worker.engine.errors import AdmissionError
 from services.worker.server.app import WorkerApp
 from services.worker.server.config import WorkerSettings, parse_class_policies
 from tests.placer.cluster_helpers import eventually
+from tests.worker.server.serving import no_placer, serving
 
 BATCH = common_pb2.WORKLOAD_CLASS_BATCH
 CHAT = common_pb2.WORKLOAD_CLASS_REALTIME_CHAT
@@ -43,18 +44,12 @@ async def running_worker(
     """One worker with a single seat (a long request keeps everything else queued) and no placer (its
     heartbeats fail quietly against a socket nobody serves)."""
     settings = WorkerSettings(
-        port=0, node_id="w1", placer_address=f"unix:{tmp_path}/no-placer.sock", models={"llama": model_dir},
+        port=0, node_id="w1", placer_address=no_placer(tmp_path), models={"llama": model_dir},
         max_num_seqs=1, max_num_batched_tokens=BUDGET, class_policies=parse_class_policies(policies, "test"),
         heartbeat_interval_s=60.0, drain_timeout_s=0.5, **overrides,  # type: ignore[arg-type]
     )  # fmt: skip
-    app = WorkerApp(settings)
-    await app.start()
-    channel = grpc.aio.insecure_channel(app.address)
-    try:
-        yield app, worker_pb2_grpc.WorkerStub(channel)
-    finally:
-        await channel.close()
-        await app.stop()
+    async with serving(settings) as running:
+        yield running
 
 
 def tokens(responses: list[inference_pb2.GenerateResponse]) -> int:

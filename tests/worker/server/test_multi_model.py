@@ -23,6 +23,7 @@ from services.worker.models.synthetic import make_decoder_checkpoint
 from services.worker.server.app import WorkerApp
 from services.worker.server.config import WorkerSettings
 from services.worker.server.heartbeat import node_report
+from tests.worker.server.serving import no_placer, serving
 
 SPEC = {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_layers": 2}
 PROMPTS = [[5, 17, 42], [9, 8, 7, 6, 5, 4, 3], [100, 200, 300, 400], [11] * 20]
@@ -45,17 +46,11 @@ async def running_worker(
 ) -> AsyncIterator[tuple[WorkerApp, worker_pb2_grpc.WorkerStub]]:
     """A worker with no placer (its heartbeats fail quietly against a socket nobody serves)."""
     settings = WorkerSettings(
-        port=0, node_id="w1", placer_address=f"unix:{tmp_path}/no-placer.sock", models=models,
+        port=0, node_id="w1", placer_address=no_placer(tmp_path), models=models,
         arena_bytes=arena_bytes, kv_cache_bytes=512 << 10, heartbeat_interval_s=60.0, drain_timeout_s=0.5,
     )  # fmt: skip
-    app = WorkerApp(settings)
-    await app.start()
-    channel = grpc.aio.insecure_channel(app.address)
-    try:
-        yield app, worker_pb2_grpc.WorkerStub(channel)
-    finally:
-        await channel.close()
-        await app.stop()
+    async with serving(settings) as running:
+        yield running
 
 
 def generate_request(model: str, prompt: list[int]) -> inference_pb2.GenerateRequest:
