@@ -12,7 +12,9 @@ small generated Llama, `services.gateway` with one API key (sent on every gatewa
 Latency (serial, one stream in flight): every round sends each request once per route, back to back, the
 route that goes first alternating by request and round so machine drift hits both alike. For request i,
 added_i = median over rounds of (gateway TTFT - direct TTFT) of the same (round, i); gateway_added_ms_p50/p99
-are percentiles (linear interpolation) of added_i across requests. TTFT = call start to the first streamed
+are percentiles (linear interpolation) of added_i across requests. A third route, a bare grpc.aio
+pass-through to the same worker (bench/mesh_proxy.py), runs in the same rounds: bare_proxy_added_ms_* is the
+floor of one Python gRPC hop here, gateway_over_bare_proxy_ms_p50 what the gateway's own work adds to it. TTFT = call start to the first streamed
 message, measured in this client. Throughput: every request of a second set with `--in-flight` streams open
 (a closed loop), direct and gateway passes alternating per round; tok/s = streamed token ids / pass wall
 time; mesh_throughput_ratio = the median over rounds of gateway tok/s / direct tok/s of the same round.
@@ -116,15 +118,17 @@ class CpuLedger:
 
 
 async def latency_phase(
-    direct: Route, gateway: Route, requests: list, rounds: int, cpu: CpuLedger
-) -> tuple[list[list[Timed]], list[list[Timed]]]:
-    """(direct, gateway) results[round][index], serial: one stream in flight at any time."""
-    grids: dict[str, list[list[Timed]]] = {direct.name: [], gateway.name: []}
+    routes: list[Route], requests: list, rounds: int, cpu: CpuLedger
+) -> dict[str, list[list[Timed]]]:
+    """Per route name, results[round][index]; serial: one stream in flight at any time. routes[0] is the
+    direct baseline and routes[1] the gateway; which route goes first rotates by request and round."""
+    direct, gateway = routes[0], routes[1]
+    grids: dict[str, list[list[Timed]]] = {route.name: [] for route in routes}
     for r in range(rounds):
-        rows: dict[str, list[Timed]] = {direct.name: [], gateway.name: []}
+        rows: dict[str, list[Timed]] = {route.name: [] for route in routes}
         for i, request in enumerate(requests):
-            order = (direct, gateway) if (i + r) % 2 == 0 else (gateway, direct)
-            for route in order:
+            k = (i + r) % len(routes)
+            for route in routes[k:] + routes[:k]:
                 before = cpu.stack.cpu_s()
                 rows[route.name].append(await route.timed(request))
                 cpu.charge(route.name, before, 1)
@@ -132,7 +136,7 @@ async def latency_phase(
             grids[name].append(row)
         added = st.paired_added_s([rows[gateway.name]], [rows[direct.name]], "ttft_s")
         log(f"latency round {r + 1}/{rounds}: added TTFT median {statistics.median(added) * 1e3:.2f} ms")
-    return grids[direct.name], grids[gateway.name]
+    return grids
 
 
 async def throughput_phase(
@@ -163,24 +167,29 @@ async def measure(stack: MeshStack, cfg: dict[str, int], in_flight: int, seed: i
     )  # fmt: skip
     direct = Route("direct", stack.worker_address, via_gateway=False)
     gateway = Route("gateway", stack.gateway_address, True, (("authorization", f"Bearer {API_KEY}"),))
+    proxy = Route("bare_proxy", stack.proxy_address, via_gateway=False)
     try:
         # Warm-up: channels connected, the gateway's channel to the worker opened, and every latency prompt
         # once in the worker's prefix cache, so round 1 is not the only one that pays for cold prefills.
         log("warm-up")
         for request in lat_requests:
-            await direct.timed(request)
-            await gateway.timed(request)
+            for route in (direct, gateway, proxy):
+                await route.timed(request)
         await concurrent_pass(direct, tp_requests[: in_flight * 2], in_flight)
         await concurrent_pass(gateway, tp_requests[: in_flight * 2], in_flight)
         log(f"latency: {len(lat_requests)} requests x {cfg['rounds']} rounds per route, serial")
         lat_cpu, tp_cpu = CpuLedger(stack), CpuLedger(stack)
-        d_grid, g_grid = await latency_phase(direct, gateway, lat_requests, cfg["rounds"], lat_cpu)
+        grids = await latency_phase([direct, gateway, proxy], lat_requests, cfg["rounds"], lat_cpu)
+        d_grid, g_grid, p_grid = grids["direct"], grids["gateway"], grids["bare_proxy"]
         log(f"throughput: {len(tp_requests)} requests, {in_flight} in flight, {cfg['tp_rounds']} rounds")
         passes = await throughput_phase(direct, gateway, tp_requests, cfg["tp_rounds"], in_flight, tp_cpu)
     finally:
         await direct.close()
         await gateway.close()
+        await proxy.close()
     added_ttft = st.paired_added_s(g_grid, d_grid, "ttft_s")
+    proxy_ttft = st.paired_added_s(p_grid, d_grid, "ttft_s")
+    over_proxy = st.paired_added_s(g_grid, p_grid, "ttft_s")
     added_e2e = st.paired_added_s(g_grid, d_grid, "e2e_s")
     d_tp = [[t for t in p.results] for p in passes["direct"]]
     g_tp = [[t for t in p.results] for p in passes["gateway"]]
@@ -190,6 +199,11 @@ async def measure(stack: MeshStack, cfg: dict[str, int], in_flight: int, seed: i
     return {
         "gateway_added_ms_p50": st.percentile_ms(added_ttft, 50),
         "gateway_added_ms_p99": st.percentile_ms(added_ttft, 99),
+        # The floor: a bare grpc.aio pass-through (bench/mesh_proxy.py) in the same rounds, and what the
+        # gateway adds on top of it (auth, validation, classification, the pick, tracing, metrics).
+        "bare_proxy_added_ms_p50": st.percentile_ms(proxy_ttft, 50),
+        "bare_proxy_added_ms_p99": st.percentile_ms(proxy_ttft, 99),
+        "gateway_over_bare_proxy_ms_p50": st.percentile_ms(over_proxy, 50),
         "gateway_added_e2e_ms_p50": st.percentile_ms(added_e2e, 50),
         "gateway_added_e2e_ms_p99": st.percentile_ms(added_e2e, 99),
         "direct_ttft_ms_p50": st.percentile_ms(st.flat(d_grid, "ttft_s"), 50),
@@ -214,8 +228,10 @@ async def measure(stack: MeshStack, cfg: dict[str, int], in_flight: int, seed: i
         "max_tokens": {"latency": cfg["max_tokens"], "throughput": cfg["tp_max_tokens"]},
         "prompt_lens": {"latency": LATENCY_PROMPT_LENS, "throughput": THROUGHPUT_PROMPT_LENS},
         # (round, request) pairs whose ids differ between direct and gateway, latency + throughput phases.
-        "token_mismatches": st.mismatches(d_grid, g_grid) + st.mismatches(d_tp, g_tp),
-        "wrong_length_streams": st.wrong_lengths(d_grid + g_grid, cfg["max_tokens"])
+        "token_mismatches": st.mismatches(d_grid, g_grid)
+        + st.mismatches(d_grid, p_grid)
+        + st.mismatches(d_tp, g_tp),
+        "wrong_length_streams": st.wrong_lengths(d_grid + g_grid + p_grid, cfg["max_tokens"])
         + st.wrong_lengths(d_tp + g_tp, cfg["tp_max_tokens"]),
         "unstable_across_rounds": st.unstable(d_grid + g_grid) + st.unstable(d_tp + g_tp),
     }

@@ -53,6 +53,8 @@ class MeshStack:
     gateway_address: str = ""
     gateway_pid: int = 0
     worker_pid: int = 0
+    proxy_address: str = ""  # bench/mesh_proxy.py in front of the worker: the floor of one Python hop
+    proxy_pid: int = 0
     placer_pid: int = 0
     _children: list[ChildProcess] = field(default_factory=list)  # start order; stopped reversed
     _redis: RedisServer | None = None
@@ -92,6 +94,10 @@ class MeshStack:
             worker_env["OMP_NUM_THREADS"] = str(self.worker_threads)
         worker = self._child("worker", "services.worker", "WORKER_READY", **worker_env)
         self.worker_address, self.worker_pid = worker.ready["address"], worker.pid
+        proxy = self._child(
+            "proxy", "bench.mesh_proxy", "PROXY_READY", HANZO_BENCH_PROXY_UPSTREAM=self.worker_address
+        )
+        self.proxy_address, self.proxy_pid = proxy.ready["address"], proxy.pid
         gateway = self._child(
             "gateway",
             "services.gateway",
@@ -116,7 +122,10 @@ class MeshStack:
 
     def cpu_s(self) -> dict[str, float]:
         """CPU seconds (user + system) each service process has used so far, from /proc (Linux)."""
-        pids = {"gateway": self.gateway_pid, "worker": self.worker_pid, "placer": self.placer_pid}
+        pids = {
+            "gateway": self.gateway_pid, "worker": self.worker_pid, "placer": self.placer_pid,
+            "proxy": self.proxy_pid,
+        }  # fmt: skip
         return {name: _cpu_s(pid) for name, pid in pids.items()}
 
     def pin(self, worker_cpus: set[int], mesh_cpus: set[int]) -> None:
@@ -126,7 +135,7 @@ class MeshStack:
         the mesh."""
         _pin_process(self.worker_pid, worker_cpus)
         redis_pid = self._redis.process.pid if self._redis and self._redis.process else None
-        for pid in (self.gateway_pid, self.placer_pid, redis_pid, os.getpid()):
+        for pid in (self.gateway_pid, self.placer_pid, self.proxy_pid, redis_pid, os.getpid()):
             if pid:
                 _pin_process(pid, mesh_cpus)
 

@@ -3,13 +3,15 @@ instrumentation that propagates W3C trace context over every hop, OTLP export on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 from opentelemetry import trace
 from opentelemetry.instrumentation.grpc import aio_client_interceptors, aio_server_interceptor
+from opentelemetry.propagate import inject
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
@@ -56,3 +58,33 @@ def record_span(
     """A child span of the current span covering [start, end] (engine phases measured in its thread)."""
     span = tracer.start_span(name, start_time=monotonic_to_ns(start_monotonic), attributes=dict(attributes))
     span.end(end_time=monotonic_to_ns(end_monotonic))
+
+
+Metadata = tuple[tuple[str, str], ...]
+
+
+@contextlib.contextmanager
+def client_call_span(
+    tracer: trace.Tracer, full_method: str, metadata: Sequence[tuple[str, str]] = ()
+) -> Iterator[tuple[trace.Span, Metadata]]:
+    """A CLIENT span for one outgoing call, named and attributed as the gRPC client instrumentation
+    names its spans, and the call's metadata with the W3C trace context injected. For hot paths: the
+    instrumentation's interceptor goes through grpc.aio's interceptor machinery (an extra task and an
+    iterator wrapper per call), which cost the gateway about 0.3 ms of time to first token."""
+    service, method = full_method.strip("/").split("/", 1)
+    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+    # Not made current: the caller may yield (stream) inside the block, and a context attached in one
+    # resumption must not be detached in another.
+    span = tracer.start_span(full_method, kind=trace.SpanKind.CLIENT, attributes=attributes)
+    carrier: dict[str, str] = {}
+    inject(carrier, context=trace.set_span_in_context(span))
+    try:
+        yield span, (*metadata, *carrier.items())
+    finally:
+        span.end()
+
+
+def record_rpc_error(span: trace.Span, code: grpc.StatusCode, details: str | None) -> None:
+    """Mark a client span with a failed call's status, as the gRPC instrumentation does."""
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {details}"))

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 from opentelemetry import trace
 
-from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc, placer_pb2
+from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc, placer_pb2, worker_pb2
 from services.common.errors import (
     InvalidArgument,
     ResourceExhausted,
@@ -22,12 +22,17 @@ from services.common.errors import (
     Unavailable,
     split_retry_hint,
 )
+from services.common.tracing import client_call_span, record_rpc_error
 from services.common.workload import WorkloadClass
 from services.gateway.classify import classify_generate
 from services.gateway.config import GatewaySettings
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.upstream import Upstream, relay
 from services.worker.server.convert import prompt_of, sampling_params
+
+_WORKER = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+_WORKER_GENERATE = f"/{_WORKER}/Generate"
+_WORKER_EMBED = f"/{_WORKER}/Embed"
 
 # Worker failures after which another worker may succeed (as long as nothing was sent yet).
 _RETRYABLE = {
@@ -71,38 +76,45 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             pick = await self._pick(request.model, workload, excluded, context, last_error, prompt)
             if pick is None:
                 break
-            call = self.upstream.worker(pick.address).Generate(forwarded, timeout=self._timeout(context))
             sent_any = False
             tokens_sent = 0
-            try:
-                async for response in call:
-                    if not sent_any:
-                        response.node_id = response.node_id or pick.node_id
-                        response.workload_class = int(workload)
-                        self.metrics.ttft.labels(workload.name).observe(time.monotonic() - started)
-                    sent_any = True
-                    tokens_sent += len(response.token_ids)
-                    yield response
+            with client_call_span(self.tracer, _WORKER_GENERATE) as (span, metadata):
+                stub = self.upstream.worker(pick.address)
+                call = stub.Generate(forwarded, timeout=self._timeout(context), metadata=metadata)
+                try:
+                    async for response in call:
+                        if not sent_any:
+                            response.node_id = response.node_id or pick.node_id
+                            response.workload_class = int(workload)
+                            self.metrics.ttft.labels(workload.name).observe(time.monotonic() - started)
+                        sent_any = True
+                        tokens_sent += len(response.token_ids)
+                        yield response
+                except grpc.aio.AioRpcError as failed:
+                    record_rpc_error(span, failed.code(), failed.details())
+                    error = failed
+                else:
+                    error = None
+                finally:
+                    call.cancel()  # a cancelled caller cancels the worker's stream, which frees its KV
+            if error is None:
                 self.metrics.requests.labels("Generate", workload.name, "OK").inc()
                 return
-            except grpc.aio.AioRpcError as error:
-                if sent_any:
-                    self.metrics.requests.labels("Generate", workload.name, "UNAVAILABLE").inc()
-                    raise Unavailable(
-                        f"worker {pick.node_id} failed after {tokens_sent} tokens were sent "
-                        f"({error.code().name}: {error.details()}); the stream ends here, nothing is repeated"
-                    ) from None
-                if error.code() not in _RETRYABLE:
-                    self.metrics.requests.labels("Generate", workload.name, error.code().name).inc()
-                    raise relay(error, f"worker {pick.node_id}") from None
-                last_error = error
-                excluded.append(pick.node_id)
-                self.metrics.retries.labels(workload.name).inc()
-                trace.get_current_span().add_event(
-                    "retry", {"hanzo.failed_node": pick.node_id, "hanzo.attempt": attempt + 1}
-                )
-            finally:
-                call.cancel()  # a cancelled caller cancels the worker's stream, which frees its KV
+            if sent_any:
+                self.metrics.requests.labels("Generate", workload.name, "UNAVAILABLE").inc()
+                raise Unavailable(
+                    f"worker {pick.node_id} failed after {tokens_sent} tokens were sent "
+                    f"({error.code().name}: {error.details()}); the stream ends here, nothing is repeated"
+                ) from None
+            if error.code() not in _RETRYABLE:
+                self.metrics.requests.labels("Generate", workload.name, error.code().name).inc()
+                raise relay(error, f"worker {pick.node_id}") from None
+            last_error = error
+            excluded.append(pick.node_id)
+            self.metrics.retries.labels(workload.name).inc()
+            trace.get_current_span().add_event(
+                "retry", {"hanzo.failed_node": pick.node_id, "hanzo.attempt": attempt + 1}
+            )
         self.metrics.requests.labels("Generate", workload.name, _final_code(last_error).name).inc()
         raise _exhausted(last_error, self.settings.max_attempts, "served the request")
 
@@ -117,9 +129,14 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             if pick is None:
                 break
             try:
-                reply = await self.upstream.worker(pick.address).Embed(
-                    request, timeout=self._timeout(context)
-                )
+                with client_call_span(self.tracer, _WORKER_EMBED) as (span, metadata):
+                    try:
+                        reply = await self.upstream.worker(pick.address).Embed(
+                            request, timeout=self._timeout(context), metadata=metadata
+                        )
+                    except grpc.aio.AioRpcError as failed:
+                        record_rpc_error(span, failed.code(), failed.details())
+                        raise
             except grpc.aio.AioRpcError as error:
                 if error.code() not in _RETRYABLE:
                     raise relay(error, f"worker {pick.node_id}") from None
