@@ -10,16 +10,17 @@ Real processes on free ports: a private Redis, `python -m services.placer`, ONE 
 small generated Llama, `services.gateway` with one API key (sent on every gateway call).
 
 Latency (serial, one stream in flight): every round sends each request once per route, back to back, the
-route that goes first alternating by request and round so machine drift hits both alike. For request i,
-added_i = median over rounds of (gateway TTFT - direct TTFT) of the same (round, i); gateway_added_ms_p50/p99
-are percentiles (linear interpolation) of added_i across requests. A third route, a bare grpc.aio
-pass-through to the same worker (bench/mesh_proxy.py), runs in the same rounds: bare_proxy_added_ms_* is the
-floor of one Python gRPC hop here, gateway_over_bare_proxy_ms_p50 what the gateway's own work adds to it. TTFT = call start to the first streamed
-message, measured in this client. Throughput: every request of a second set with `--in-flight` streams open
-(a closed loop), direct and gateway passes alternating per round; tok/s = streamed token ids / pass wall
-time; mesh_throughput_ratio = the median over rounds of gateway tok/s / direct tok/s of the same round.
-With 2+ cores the worker runs alone on the first core and everything else on the rest (--no-pin: not).
-Every stream must carry exactly max_tokens ids, the same on both routes (greedy): counted, not asserted.
+route that goes first rotating by request and round so machine drift hits every route alike. For request i,
+added_i = median over rounds of (gateway TTFT - direct TTFT) of the same (round, i);
+gateway_added_ms_p50/p99 are percentiles (linear interpolation) of added_i across requests. A third route, a
+bare grpc.aio pass-through to the same worker (bench/mesh_proxy.py), runs in the same rounds:
+bare_proxy_added_ms_* is the floor of one Python gRPC hop here, gateway_over_bare_proxy_ms_p50 what the
+gateway's own work adds to it. TTFT = call start to the first streamed message, measured in this client.
+Throughput: every request of a second set with `--in-flight` streams open (a closed loop), direct and
+gateway passes alternating per round; tok/s = streamed token ids / pass wall time; mesh_throughput_ratio =
+the median over rounds of gateway tok/s / direct tok/s of the same round. With 2+ cores the worker runs
+alone on the first core and everything else on the rest (--no-pin: not). Every stream must carry exactly
+max_tokens ids, the same on both routes (greedy): counted, not asserted.
 CPU per request of gateway, worker and placer is read from /proc per route, to show where the time goes.
 """
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -173,4 +174,5 @@ def _cpu_s(pid: int) -> float:
 def _pin_process(pid: int, cpus: set[int]) -> None:
     # Affinity is per thread and inherited at creation: set it on every thread that exists now.
     for task in Path(f"/proc/{pid}/task").iterdir():
-        os.sched_setaffinity(int(task.name), cpus)
+        with contextlib.suppress(ProcessLookupError):  # a short-lived thread may end meanwhile
+            os.sched_setaffinity(int(task.name), cpus)
