@@ -21,7 +21,10 @@ async def cancel_and_wait(tasks: Iterable[asyncio.Task[object]], timeout_s: floa
         task.cancel()
     if not pending:
         return
-    _, stuck = await asyncio.wait(pending, timeout=timeout_s)
+    done, stuck = await asyncio.wait(pending, timeout=timeout_s)
+    for task in done:
+        if not task.cancelled():
+            task.exception()  # retrieved, so asyncio does not log it as never retrieved
     for task in stuck:
         log.warning("task %s did not stop within %.1f s; leaving it behind", task.get_name(), timeout_s)
 
