@@ -31,7 +31,6 @@ import torch
 
 from bench.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_SMALL_DIR
 from bench.checkpoint import LLAMA_19M, ensure_checkpoint
-from bench.multimodel_serving import measure_serving
 from bench.progress import log
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.llm_engine import LLMEngine
@@ -192,6 +191,10 @@ def main() -> None:
     serving: dict[str, object] = {}
     if not args.skip_serving:
         log("serving three models from one worker process and from three")
+        # Imported here: it needs the gRPC stack (health, reflection, the services), which a GPU machine
+        # running only the in-process measurements (--skip-serving, bench/gpu_check.sh) may not have.
+        from bench.multimodel_serving import measure_serving
+
         serving = measure_serving(args.quick, args.serving_threads, args.seed, DEFAULT_MODEL_DIR.parent)
 
     print(
