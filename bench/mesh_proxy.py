@@ -23,7 +23,8 @@ class PassThrough(worker_pb2_grpc.WorkerServicer):
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
-        async for response in self.upstream.Generate(request):
+        # The caller's deadline goes on, as the gateway passes it on: the worker schedules by it.
+        async for response in self.upstream.Generate(request, timeout=context.time_remaining()):
             yield response
 
 
