@@ -20,6 +20,21 @@ class NotSharedArenaError(ValueError):
     (a programming error in the caller: maps to FAILED_PRECONDITION)."""
 
 
+async def take_kv_if_short(donor: AsyncLLM, taker: AsyncLLM, *, min_donor_blocks: int = 1) -> int:
+    """Move to taker the KV bytes it is short of, as far as the idle donor can spare them
+    (kv_bytes_to_move), read with both engines held so the numbers are the ones the move acts on; returns
+    the bytes moved (0: taker not short, or donor busy). Cheap to call when nothing is due: a racy
+    estimate from this thread decides whether the engines are held at all. Errors as move_kv_blocks."""
+    if kv_bytes_to_move(taker.engine, donor.engine, min_donor_blocks=min_donor_blocks) == 0:
+        return 0  # estimate only (read between the engines' steps by luck): nothing held for nothing
+    async with donor.paused() as held_donor, taker.paused() as held_taker:
+        nbytes = kv_bytes_to_move(held_taker.engine, held_donor.engine, min_donor_blocks=min_donor_blocks)
+    if nbytes == 0:
+        return 0
+    await move_kv_blocks(donor, taker, nbytes)  # holds both again and re-checks that the donor is idle
+    return nbytes
+
+
 async def move_kv_blocks(donor: AsyncLLM, taker: AsyncLLM, nbytes: int) -> tuple[int, int]:
     """Move nbytes (> 0, rounded up to the arena's alignment) of KV pool from donor's model to taker's
     and rebind both caches; returns their new KV block counts (donor, taker). The taker keeps serving:

@@ -215,10 +215,10 @@ class WorkerSettings:
             scheduling_policy=env_enum(environ, p + "SCHEDULING_POLICY", PolicyName.ADAPTIVE),
             class_policies=parse_class_policies(environ.get(p + "CLASS_POLICIES", ""), p + "CLASS_POLICIES"),
             latency_reserve=_fraction(environ, p + "LATENCY_RESERVE", cls.latency_reserve),
-            arena_bytes=env_optional_int(environ, p + "ARENA_BYTES"),
+            arena_bytes=_optional_size(environ, p + "ARENA_BYTES"),
             arena_fraction=env_optional_float(environ, p + "ARENA_FRACTION"),
             keep_host_copies=env_bool(environ, p + "KEEP_HOST_COPIES", cls.keep_host_copies),
-            host_copy_bytes=env_optional_int(environ, p + "HOST_COPY_BYTES"),
+            host_copy_bytes=_optional_size(environ, p + "HOST_COPY_BYTES"),
             evict_busy=env_bool(environ, p + "EVICT_BUSY", cls.evict_busy),
             kv_rebalance_interval_s=env_float(
                 environ, p + "KV_REBALANCE_INTERVAL_S", cls.kv_rebalance_interval_s, 0.0
@@ -233,3 +233,8 @@ def _fraction(environ: Mapping[str, str], name: str, default: float) -> float:
     if value >= 1.0:
         raise ValueError(f"{name}={environ[name]!r} must be < 1 (a fraction of the KV pool)")
     return value
+
+
+def _optional_size(environ: Mapping[str, str], name: str) -> int | None:
+    """A byte count >= 0 from environ[name], or None when unset; ValueError naming the variable."""
+    return env_int(environ, name, 0, minimum=0) if environ.get(name) not in (None, "") else None

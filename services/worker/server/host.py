@@ -16,7 +16,7 @@ from services.common.errors import InvalidArgument, NotFound, ResourceExhausted
 from services.worker.engine.async_llm import AsyncLLM
 from services.worker.engine.embedding import EmbeddingEngine
 from services.worker.engine.kv_cache import KVPoolTooSmallError
-from services.worker.engine.kv_repartition import kv_bytes_to_move, move_kv_blocks
+from services.worker.engine.kv_repartition import take_kv_if_short
 from services.worker.memory.arena import Arena
 from services.worker.memory.errors import KVTransferError, ModelBusyError, OutOfMemoryError, format_bytes
 from services.worker.memory.host_copy import HostCopy
@@ -105,21 +105,16 @@ class ModelHost:
                     donor = decoders.get(donor_name)
                     if donor is None:
                         continue  # an encoder: no KV pool
-                    floor = min(self.settings.kv_donor_min_blocks, donor.engine.layout.num_kv_blocks)
-                    nbytes = kv_bytes_to_move(taker.engine, donor.engine, min_donor_blocks=max(floor, 1))
-                    if nbytes == 0:
-                        continue
+                    floor = self.settings.kv_donor_min_blocks
                     try:
-                        blocks = await move_kv_blocks(donor, taker, nbytes)
+                        nbytes = await take_kv_if_short(donor, taker, min_donor_blocks=floor)
                     except (ModelBusyError, KVPoolTooSmallError, KVTransferError, OutOfMemoryError) as exc:
                         log.info("no KV moved from %s to %s: %s", donor_name, name, exc)  # it got busy
                         continue
-                    moved += nbytes
-                    self.kv_bytes_moved += nbytes
-                    log.info(
-                        "moved %s of KV pool from idle %s to %s (now %d and %d blocks)",
-                        format_bytes(nbytes), donor_name, name, *blocks,
-                    )  # fmt: skip
+                    if nbytes:
+                        moved += nbytes
+                        self.kv_bytes_moved += nbytes
+                        log.info("moved %s of KV from idle %s to %s", format_bytes(nbytes), donor_name, name)
             return moved
 
     def generator(self, name: str) -> AsyncLLM:

@@ -101,3 +101,34 @@ def test_bad_policy_variables_name_the_variable(name: str, raw: str, words: str)
 def test_settings_built_in_code_are_checked_at_construction() -> None:
     with pytest.raises(ValueError, match="latency_reserve"):
         WorkerSettings(latency_reserve=1.5)
+
+
+@pytest.mark.parametrize(
+    ("environ", "words"),
+    [
+        ({"HANZO_WORKER_ARENA_BYTES": "-1"}, "HANZO_WORKER_ARENA_BYTES='-1' must be >= 0"),
+        ({"HANZO_WORKER_ARENA_BYTES": "lots"}, "HANZO_WORKER_ARENA_BYTES='lots' is not an integer"),
+        ({"HANZO_WORKER_ARENA_FRACTION": "1.5"}, "HANZO_WORKER_ARENA_FRACTION=1.5 must be in (0, 1]"),
+        ({"HANZO_WORKER_ARENA_BYTES": "1024", "HANZO_WORKER_ARENA_FRACTION": "0.5"}, "not both"),
+        ({"HANZO_WORKER_HOST_COPY_BYTES": "-5"}, "HANZO_WORKER_HOST_COPY_BYTES='-5' must be >= 0"),
+        ({"HANZO_WORKER_EVICT_BUSY": "maybe"}, "HANZO_WORKER_EVICT_BUSY='maybe': use one of"),
+        ({"HANZO_WORKER_KV_DONOR_MIN_BLOCKS": "0"}, "HANZO_WORKER_KV_DONOR_MIN_BLOCKS='0' must be >= 1"),
+    ],
+)
+def test_bad_memory_variables_name_the_variable(environ: dict[str, str], words: str) -> None:
+    with pytest.raises(ValueError) as err:
+        WorkerSettings.from_env(environ)
+    assert words in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("environ", "expected"),
+    [
+        ({}, (None, 1 << 30)),  # CPU default: a byte budget
+        ({"HANZO_WORKER_DEVICE": "cuda"}, (0.9, None)),  # CUDA default: a fraction of free memory
+        ({"HANZO_WORKER_ARENA_BYTES": "0"}, (None, None)),  # no arena
+        ({"HANZO_WORKER_ARENA_FRACTION": "0.5", "HANZO_WORKER_DEVICE": "cuda"}, (0.5, None)),
+    ],
+)
+def test_arena_size_defaults_per_device(environ: dict[str, str], expected: tuple[object, object]) -> None:
+    assert WorkerSettings.from_env(environ).arena_size() == expected
