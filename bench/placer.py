@@ -132,7 +132,7 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
             children.append(load)
             await asyncio.sleep(1.0)  # the load settles into its rate
 
-            timed, events = await inprocess.measure(requests, sizes["inprocess_s"])
+            timed, events, memo_hit_rate = await inprocess.measure(requests, sizes["inprocess_s"])
             result.update(
                 pick_us_p50=round(timed.percentile_us(50), 1),
                 pick_us_p99=round(timed.percentile_us(99), 1),
@@ -141,6 +141,7 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
                 picks_per_s=round(timed.per_s),
                 events_applied=events,
                 events_applied_per_s=round(events / timed.wall_s),
+                pick_memo_hit_rate=round(memo_hit_rate, 3),
             )
             log(f"in-process: {timed.calls} picks, p50 {timed.percentile_us(50):.0f} us, {events} events")
             await inprocess.stop()

@@ -1,4 +1,4 @@
-"""Errors that services raise on purpose; the error interceptor turns each into its gRPC status."""
+"""Errors that services raise on purpose; the served wrapper (served.py) answers each with its status."""
 
 from __future__ import annotations
 
@@ -51,3 +51,7 @@ def split_retry_hint(message: str) -> tuple[str, float | None]:
 
 class Unavailable(ServiceError):
     code = grpc.StatusCode.UNAVAILABLE
+
+
+class Unauthenticated(ServiceError):
+    code = grpc.StatusCode.UNAUTHENTICATED

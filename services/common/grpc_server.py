@@ -1,26 +1,17 @@
-"""Pieces every service's gRPC server shares: error mapping, health, reflection, graceful stop."""
+"""Pieces every service's gRPC server shares: the server, health, reflection, graceful stop. Tracing, error
+mapping and caller checks wrap each servicer's methods instead (served.py)."""
 
 from __future__ import annotations
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
-from opentelemetry.sdk.trace import TracerProvider
-
-from services.common.interceptors import ErrorInterceptor
-from services.common.tracing import server_interceptor
 
 
-def new_server(
-    tracer_provider: TracerProvider | None = None, interceptors: tuple[grpc.aio.ServerInterceptor, ...] = ()
-) -> grpc.aio.Server:
-    """A grpc.aio server: tracing outermost (so spans see the final status), then `interceptors` (e.g.
-    authentication), then error mapping next to the handlers."""
-    chain: list[grpc.aio.ServerInterceptor] = []
-    if tracer_provider is not None:
-        chain.append(server_interceptor(tracer_provider))
-    chain += [*interceptors, ErrorInterceptor()]
-    return grpc.aio.server(interceptors=chain)
+def new_server() -> grpc.aio.Server:
+    """A grpc.aio server with no interceptors: with none, grpc.aio finds each call's handler without a
+    coroutine chain (see served.py for what replaced them)."""
+    return grpc.aio.server()
 
 
 def add_health_and_reflection(server: grpc.aio.Server, service_names: list[str]) -> health.aio.HealthServicer:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import TracerProvider
 from prometheus_client import start_http_server
 
 from hanzo.inference.v1 import common_pb2, inference_pb2, inference_pb2_grpc
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
-from services.common.tracing import make_tracer_provider
-from services.gateway.auth import ApiKeyInterceptor
+from services.common.served import serve_instrumented
+from services.common.tracing import make_tracer_provider, shutdown_tracing
+from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewaySettings
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.servicer import InferenceServicer
@@ -20,7 +21,8 @@ from services.placer.replica import PlacerReplica
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = inference_pb2.DESCRIPTOR.services_by_name["Inference"].full_name
+SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
+SERVICE_NAME = SERVICE.full_name
 
 
 class GatewayApp:
@@ -39,12 +41,15 @@ class GatewayApp:
                 PlacerMetrics(self.metrics.registry),
             )
         self.upstream = Upstream(settings.placer_address, self.tracer_provider, topology, self.replica)
-        auth = (ApiKeyInterceptor(settings.api_keys),) if settings.api_keys else ()
         if not settings.api_keys:
             log.warning("no API keys configured (HANZO_GATEWAY_API_KEYS): the gateway is OPEN to any caller")
-        self.server = new_server(self.tracer_provider, auth)
+        self.server = new_server()
         tracer = self.tracer_provider.get_tracer("hanzo.gateway")
         servicer = InferenceServicer(settings, self.upstream, self.metrics, tracer)
+        # Health and reflection are registered unwrapped: probes and grpcurl need no key.
+        serve_instrumented(
+            servicer, SERVICE, tracer, ApiKeys(settings.api_keys) if settings.api_keys else None
+        )
         inference_pb2_grpc.add_InferenceServicer_to_server(servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.address = bind(self.server, settings.host, settings.port)
@@ -68,4 +73,4 @@ class GatewayApp:
         await self.upstream.close()
         if self.replica is not None:
             await self.replica.stop()
-        self.tracer_provider.shutdown()
+        shutdown_tracing(self.tracer_provider)

@@ -3,42 +3,25 @@
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import Mapping
 
-import grpc
-
-# Probes and tools (grpcurl) must work without a key.
-_OPEN_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+from services.common.errors import Unauthenticated
 
 
-def _reject(message: str) -> grpc.RpcMethodHandler:
-    async def abort(request: object, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-
-    return grpc.unary_unary_rpc_method_handler(abort)
-
-
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
-    """Refuses calls without a valid key before any handler runs."""
+class ApiKeys:
+    """Called with each call's metadata before its handler runs; raises Unauthenticated saying what is
+    wrong with the caller's header."""
 
     def __init__(self, keys: frozenset[str]) -> None:
         self.keys = keys
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        if handler_call_details.method.startswith(_OPEN_PREFIXES):
-            return await continuation(handler_call_details)
-        metadata = dict(handler_call_details.invocation_metadata or ())
+    def __call__(self, metadata: Mapping[str, str]) -> None:
         header = metadata.get("authorization", "")
         if not header:
-            return _reject("missing `authorization: Bearer <key>` metadata")
+            raise Unauthenticated("missing `authorization: Bearer <key>` metadata")
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key:
-            return _reject("authorization must be `Bearer <key>`")
+            raise Unauthenticated("authorization must be `Bearer <key>`")
         # Constant-time comparison against every key, so timing does not reveal a prefix.
         if not any(hmac.compare_digest(key.strip(), known) for known in self.keys):
-            return _reject("unknown API key")
-        return await continuation(handler_call_details)
+            raise Unauthenticated("unknown API key")

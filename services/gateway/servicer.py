@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 import grpc
 from opentelemetry import trace
 
-from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc, placer_pb2, worker_pb2
+from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc, worker_pb2
 from services.common.errors import (
     InvalidArgument,
     ResourceExhausted,
@@ -27,7 +27,7 @@ from services.common.workload import WorkloadClass
 from services.gateway.classify import classify_generate
 from services.gateway.config import GatewaySettings
 from services.gateway.metrics import GatewayMetrics
-from services.gateway.upstream import Upstream, relay
+from services.gateway.upstream import Placement, Upstream, relay
 from services.worker.server.convert import prompt_of, sampling_params
 
 _WORKER = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
@@ -168,7 +168,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         context: grpc.aio.ServicerContext,
         last_error: grpc.aio.AioRpcError | None,
         prompt: str | list[int] | None = None,
-    ) -> placer_pb2.PickReply | None:
+    ) -> Placement | None:
         """The next worker to try; None once every worker was tried (the caller reports why they failed)."""
         timeout = self._timeout(context, self.settings.pick_timeout_s)
         try:

@@ -3,22 +3,33 @@
 from __future__ import annotations
 
 import hashlib
+import time
+from array import array
+from typing import NamedTuple
 
 import grpc
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import TracerProvider
 
 from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc, worker_pb2_grpc
 from services.common.errors import NotFound, ServiceError, Unavailable
 from services.common.tracing import client_interceptors
 from services.common.workload import WorkloadClass
+from services.placer.pick.query import PickQuery
 from services.placer.replica import PlacerReplica
 
 
 def prefix_hash(prompt: str | list[int]) -> int:
     """A stable 63-bit hash of the prompt's start, the same on every gateway replica (Python's hash()
     is salted per process), so requests sharing a prefix meet on the worker that caches it."""
-    head = prompt[:512].encode() if isinstance(prompt, str) else b",".join(b"%d" % t for t in prompt[:128])
+    head = prompt[:512].encode() if isinstance(prompt, str) else array("q", prompt[:128]).tobytes()
     return int.from_bytes(hashlib.blake2b(head, digest_size=8).digest(), "big") >> 1
+
+
+class Placement(NamedTuple):
+    """The worker chosen for one attempt."""
+
+    node_id: str
+    address: str
 
 
 def relay(error: grpc.aio.AioRpcError, what: str) -> ServiceError:
@@ -64,27 +75,43 @@ class Upstream:
         exclude: list[str],
         timeout_s: float,
         prompt: str | list[int] | None = None,
-    ) -> placer_pb2.PickReply:
+    ) -> Placement:
         """The worker the placer chooses; NotFound for an unknown model, Unavailable when none can serve."""
+        hashed = prefix_hash(prompt) if prompt else 0
+        prompt_tokens = len(prompt) if isinstance(prompt, list) else 0
+        if self.local is not None:
+            query = PickQuery(
+                model=model,
+                workload_class=workload,
+                caller_zone=self.topology.zone,
+                caller_rack=self.topology.rack,
+                caller_host=self.topology.host,
+                prefix_hash=hashed or None,
+                prompt_tokens=prompt_tokens,
+                exclude=frozenset(exclude),
+                now_s=time.time(),
+                explain_top=0,  # nobody reads the runners-up here
+            )
+            with self._tracer.start_as_current_span("pick", attributes={"hanzo.placement": "embedded"}):
+                chosen = self.local.choose(query)  # raises NotFound / Unavailable itself
+            return Placement(chosen.node_id, chosen.address)
         request = placer_pb2.PickRequest(
             model=model,
             workload_class=int(workload),
             caller=self.topology,
             exclude_nodes=exclude,
-            prefix_hash=prefix_hash(prompt) if prompt else 0,
-            prompt_tokens=len(prompt) if isinstance(prompt, list) else 0,
+            prefix_hash=hashed,
+            prompt_tokens=prompt_tokens,
         )
-        if self.local is not None:
-            with self._tracer.start_as_current_span("pick", attributes={"hanzo.placement": "embedded"}):
-                return self.local.pick(request)  # raises NotFound / Unavailable / InvalidArgument itself
         try:
-            return await self.placer.Pick(request, timeout=timeout_s)
+            reply = await self.placer.Pick(request, timeout=timeout_s)
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 raise NotFound(error.details()) from None
             if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
                 raise relay(error, "placer rejected the request") from None
             raise Unavailable(f"no worker available for {model!r}: {error.details()}") from None
+        return Placement(reply.node_id, reply.address)
 
     async def list_nodes(self, timeout_s: float) -> placer_pb2.ListNodesReply:
         if self.local is not None:

@@ -8,13 +8,14 @@ import logging
 import time
 import uuid
 
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import TracerProvider
 from prometheus_client import start_http_server
 
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
+from services.common.served import serve_instrumented
 from services.common.tasks import cancel_and_wait
-from services.common.tracing import make_tracer_provider
+from services.common.tracing import make_tracer_provider, shutdown_tracing
 from services.placer.config import PlacerSettings
 from services.placer.demand import demand_rates
 from services.placer.metrics import PlacerMetrics
@@ -24,7 +25,8 @@ from services.placer.servicer import PlacerServicer
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = placer_pb2.DESCRIPTOR.services_by_name["Placer"].full_name
+SERVICE = placer_pb2.DESCRIPTOR.services_by_name["Placer"]
+SERVICE_NAME = SERVICE.full_name
 # Named health check that is NOT_SERVING while the snapshot is stale (Redis unreachable).
 FRESHNESS_CHECK = "hanzo.placer.ClusterState"
 
@@ -46,7 +48,8 @@ class PlacerApp:
         )
         self.store, self.view, self.demand = self.replica.store, self.replica.view, self.replica.demand
         self.servicer = PlacerServicer(settings, self.replica)
-        self.server = new_server(self.tracer_provider)
+        self.server = new_server()
+        serve_instrumented(self.servicer, SERVICE, self.tracer_provider.get_tracer("hanzo.placer"))
         placer_pb2_grpc.add_PlacerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.address = bind(self.server, settings.host, settings.port)
@@ -74,7 +77,7 @@ class PlacerApp:
         await cancel_and_wait(self._tasks)
         await self.server.stop(grace_s)
         await self.replica.stop()
-        self.tracer_provider.shutdown()
+        shutdown_tracing(self.tracer_provider)
 
     async def _freshness_loop(self) -> None:
         """Mirror the view's stale flag into health and metrics."""

@@ -17,7 +17,7 @@ from services.placer.cluster.store import ClusterStore
 from services.placer.cluster.view import ClusterView, SyncSettings
 from services.placer.demand import DemandCounter
 from services.placer.metrics import PlacerMetrics
-from services.placer.pick.framework import Picker
+from services.placer.pick.framework import Picker, PickResult
 from services.placer.pick.query import PickQuery
 from services.placer.pick.weights import ClassWeights
 
@@ -54,17 +54,13 @@ class PlacerReplica:
         await self.store.close()
 
     def pick(self, request: placer_pb2.PickRequest) -> placer_pb2.PickReply:
-        """One decision from the current snapshot; synchronous so the snapshot cannot change under it."""
+        """The Pick RPC's decision, explained (runners-up and their scores)."""
         if not request.model:
             raise InvalidArgument("model", "is empty; name the model to serve")
         try:
             workload = WorkloadClass(request.workload_class)
         except ValueError:
             raise InvalidArgument("workload_class", f"unknown value {request.workload_class}") from None
-        view = self.view
-        view.expire()
-        if not view.synced_once and not view.nodes:
-            raise Unavailable("cluster state unknown: Redis has not been read yet; retry shortly")
         query = PickQuery(
             model=request.model,
             workload_class=workload,
@@ -77,27 +73,39 @@ class PlacerReplica:
             now_s=time.time(),
             explain_top=request.explain_top or 3,
         )
-        start = time.perf_counter()
-        result = self.picker.pick(view.snapshot, query)
-        self.metrics.pick_seconds.observe(time.perf_counter() - start)
-        self.demand.record(request.model)
-        if result is None:
-            self.metrics.picks.labels(workload.name, "none").inc()
-            if view.snapshot.model_columns(request.model) is None:
-                raise NotFound(f"model {request.model!r} is not served by any worker in the cluster")
-            raise Unavailable(f"no healthy worker can take model {request.model!r} now; retry shortly")
-        self.metrics.picks.labels(workload.name, "picked").inc()
+        result = self.choose(query)
         return placer_pb2.PickReply(
             node_id=result.node_id,
             address=result.address,
             workload_class=int(workload),
-            stale=view.stale,
+            stale=self.view.stale,
             considered=result.considered,
             candidates=[
                 placer_pb2.ScoredCandidate(node_id=c.node_id, total=c.total, scores=c.scores)
                 for c in result.candidates
             ],
         )
+
+    def choose(self, query: PickQuery) -> PickResult:
+        """One decision from the current snapshot; synchronous so the snapshot cannot change under it.
+        NotFound for a model no worker reported, Unavailable when no healthy worker can take it now. An
+        embedded replica calls this directly, with no reply message to build."""
+        view = self.view
+        view.expire()
+        if not view.synced_once and not view.nodes:
+            raise Unavailable("cluster state unknown: Redis has not been read yet; retry shortly")
+        start = time.perf_counter()
+        result = self.picker.pick(view.snapshot, query)
+        self.metrics.pick_seconds.observe(time.perf_counter() - start)
+        self.demand.record(query.model)
+        workload = query.workload_class.name
+        if result is None:
+            self.metrics.picks.labels(workload, "none").inc()
+            if view.snapshot.model_columns(query.model) is None:
+                raise NotFound(f"model {query.model!r} is not served by any worker in the cluster")
+            raise Unavailable(f"no healthy worker can take model {query.model!r} now; retry shortly")
+        self.metrics.picks.labels(workload, "picked").inc()
+        return result
 
     def list_nodes(self, node_ids: list[str]) -> placer_pb2.ListNodesReply:
         """The view's nodes (all, or just node_ids), flagged stale when Redis could not be read."""

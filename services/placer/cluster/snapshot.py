@@ -7,6 +7,7 @@ Rows of nodes that left are recycled; `live` marks rows in use.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,9 @@ _CODE_COLUMNS = ("zone", "rack", "host")  # interned label codes; UNKNOWN_CODE w
 
 UNKNOWN_CODE = -1
 
+# Shared by every snapshot, so a version number never means two states (readers memoize on it).
+_VERSIONS = itertools.count()
+
 
 def topology_keys(zone: str, rack: str, host: str) -> tuple[str, str, str]:
     """Labels as compared: a rack is qualified by its zone (rack "r1" in two zones is two racks); host
@@ -59,6 +63,7 @@ class ClusterSnapshot:
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
+        self.version = next(_VERSIONS)  # changes with every write; unique across snapshots
         self.num_rows = 0  # rows ever used; columns are valid in [:num_rows]
         self.node_ids: list[str | None] = []
         self.addresses: list[str] = []
@@ -128,6 +133,7 @@ class ClusterSnapshot:
 
     def upsert(self, record: NodeRecord) -> int:
         """Write record into its row (a new row for a new node); returns the row."""
+        self.version = next(_VERSIONS)
         row = self.row_of.get(record.node_id)
         if row is None:
             row = self._new_row(record.node_id)
@@ -163,6 +169,7 @@ class ClusterSnapshot:
         row = self.row_of.pop(node_id, None)
         if row is None:
             return
+        self.version = next(_VERSIONS)
         self.live[row] = False
         self.has_thermal[row] = False
         self.node_ids[row] = None
@@ -177,6 +184,7 @@ class ClusterSnapshot:
         row = self.row_of.get(node_id)
         if row is None:
             return False
+        self.version = next(_VERSIONS)
         self._write_thermal(row, sample, trend_c_per_s)
         return True
 

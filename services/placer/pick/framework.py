@@ -3,6 +3,12 @@
 Filters and scorers see whole columns; the framework ANDs the filters, clamps, weights and sums the
 scores, demotes degraded GPUs for latency classes, breaks ties at random, remembers which node served
 each prompt prefix, and times both stages.
+
+The ranking (everything before the tie-break) is memoized per snapshot version and query: between two
+heartbeats every request for the same model and class would rank the nodes the same way, and a small
+cluster's ranking costs far more in numpy call overhead than a lookup. So filters and scorers may read
+from the query only what the memo key holds (model, class, caller labels, exclude, explain_top, the
+prefix's row) plus now_s compared against deadline_s, which bounds how long a memoized ranking holds.
 """
 
 from __future__ import annotations
@@ -49,8 +55,25 @@ class PickResult:
     considered: int  # nodes that passed every filter
     candidates: list[Candidate]  # the chosen one first, then up to query.explain_top runners-up, best first
     last_resort: bool  # the chosen node is degraded (throttled or near slowdown) and nothing else was left
-    filter_us: float
-    score_us: float  # scoring, weighting and choosing, including the explanation
+    rank_us: float  # filtering, scoring and ordering, or looking up the memoized ranking
+    choose_us: float  # the tie-break and the explanation
+
+
+class _Ranking(NamedTuple):
+    """What a decision computes before its random tie-break, reusable until the snapshot changes: the
+    leaders (the ties with the best first, then runners-up; see _leaders) and what explains them."""
+
+    rows: np.ndarray  # [L] snapshot row of each leader
+    totals: np.ndarray  # [L] weighted totals, less the last-resort penalty
+    scores: np.ndarray  # [S, L] clamped scorer values
+    ties: int  # the first `ties` leaders share the best total
+    degraded: np.ndarray  # [L] bool
+    considered: int  # candidates that passed every filter
+    valid_from_s: float  # the ranking holds for now_s in [valid_from_s, valid_until_s): no heartbeat
+    valid_until_s: float  # deadline falls in between, so the healthy filter passes the same rows
+
+
+_MemoKey = tuple[str, WorkloadClass, str, str, str, frozenset[str], int, int | None]
 
 
 class Picker:
@@ -67,11 +90,13 @@ class Picker:
         near_slowdown_band_c: float = 3.0,
         avoid_degraded: frozenset[WorkloadClass] = DEFAULT_AVOID_DEGRADED,
         default_slowdown_c: float = nvml_bits.DEFAULT_SLOWDOWN_TEMPERATURE_C,
+        memo_capacity: int = 256,
     ) -> None:
         """Raises ValueError if weights name a scorer not in scorers or hold a negative weight.
 
         near_slowdown_band_c: a GPU this many degrees C below its slowdown threshold, or hotter, counts as
         degraded for the classes in avoid_degraded, like one whose thermal or power slowdown bits are set.
+        memo_capacity: rankings kept for the current snapshot version; 0 ranks every request afresh.
         """
         if prefix_capacity < 0:
             raise ValueError(f"prefix_capacity must be >= 0, got {prefix_capacity}")
@@ -90,28 +115,95 @@ class Picker:
                     plan.append((name, self._scorers[name], float(weight)))
             self._plans[workload_class] = tuple(plan)
         self._rng = rng if rng is not None else np.random.default_rng()
+        self._uniforms: list[float] = []  # drawn from _rng in batches: one numpy call per tie-break is slow
         self._prefix_capacity = prefix_capacity
         self._prefix_nodes: OrderedDict[int, str] = OrderedDict()  # LRU, most recent last
         self._near_band_c = near_slowdown_band_c
         self._avoid_degraded = avoid_degraded
         self._default_slowdown_c = default_slowdown_c
+        self._memo_capacity = memo_capacity
+        self._memo: dict[_MemoKey, _Ranking] = {}
+        self._memo_version = -1  # of the snapshot the memo was built on (versions are unique per process)
+        self.memo_hits = 0
+        self.memo_misses = 0
 
     def pick(self, snapshot: ClusterSnapshot, query: PickQuery) -> PickResult | None:
         """The node to serve query; None when no node passes every filter (or the model is unknown)."""
         start = time.perf_counter_ns()
         if snapshot.num_rows == 0:
             return None
+        prefix_row = self._prefix_row(snapshot, query.prefix_hash)
+        ranking = self._memoized(snapshot, query, prefix_row) or self._rank(snapshot, query, prefix_row)
+        ranked = time.perf_counter_ns()
+        if ranking is None:
+            logger.debug("pick %s/%s: no candidate passed", query.model, query.workload_class.name)
+            return None
+        runners_up = max(query.explain_top, 0)
+        position = self._draw(ranking.ties) if ranking.ties > 1 else 0
+        row = int(ranking.rows[position])
+        node_id = snapshot.node_ids[row]
+        assert node_id is not None  # live rows always have an id
+        self._remember(query.prefix_hash, node_id)
+        names = [name for name, _, _ in self._plans[query.workload_class]]
+        others = [i for i in range(min(runners_up + 1, ranking.rows.size)) if i != position]
+        candidates = [
+            Candidate(
+                snapshot.node_ids[int(ranking.rows[i])] or "",
+                float(ranking.totals[i]),
+                dict(zip(names, ranking.scores[:, i].tolist(), strict=True)),
+            )
+            for i in [position, *others[:runners_up]]
+        ]
+        done = time.perf_counter_ns()
+        result = PickResult(
+            node_id=node_id,
+            address=snapshot.addresses[row],
+            row=row,
+            total=candidates[0].total,
+            considered=ranking.considered,
+            candidates=candidates,
+            last_resort=bool(ranking.degraded[position]),
+            rank_us=(ranked - start) / 1e3,
+            choose_us=(done - ranked) / 1e3,
+        )
+        if logger.isEnabledFor(logging.DEBUG):
+            logger.debug(
+                "pick %s/%s -> %s total=%.3f considered=%d last_resort=%s rank=%.0fus choose=%.0fus top=%s",
+                query.model, query.workload_class.name, node_id, result.total, result.considered,
+                result.last_resort, result.rank_us, result.choose_us, candidates,
+            )  # fmt: skip
+        return result
+
+    def _draw(self, n: int) -> int:
+        """A uniform index in [0, n)."""
+        if not self._uniforms:
+            self._uniforms = self._rng.random(1024).tolist()
+        return min(int(self._uniforms.pop() * n), n - 1)
+
+    def _memoized(
+        self, snapshot: ClusterSnapshot, query: PickQuery, prefix_row: int | None
+    ) -> _Ranking | None:
+        """The memoized ranking for query, if one was made on this snapshot version and still holds."""
+        if snapshot.version != self._memo_version:
+            self._memo.clear()
+            self._memo_version = snapshot.version
+        ranking = self._memo.get(_memo_key(query, prefix_row))
+        if ranking is None or not ranking.valid_from_s <= query.now_s < ranking.valid_until_s:
+            self.memo_misses += 1
+            return None
+        self.memo_hits += 1
+        return ranking
+
+    def _rank(self, snapshot: ClusterSnapshot, query: PickQuery, prefix_row: int | None) -> _Ranking | None:
+        """Filter, score, weight and order the candidates, and memoize the result; None if none passed."""
         passed = snapshot.column("live").copy()  # only live rows are nodes, whatever the filters say
         for keep in self._filters:
             passed &= keep(snapshot, query)
         rows = np.flatnonzero(passed)  # [C] candidate rows
-        filtered = time.perf_counter_ns()
         if rows.size == 0:
-            logger.debug("pick %s/%s: no candidate passed", query.model, query.workload_class.name)
             return None
-
         plan = self._plans[query.workload_class]
-        scores = self._score(snapshot, query, rows, plan)  # [S, C]
+        scores = self._score(snapshot, query, rows, plan, prefix_row)  # [S, C]
         weight = np.array([w for _, _, w in plan])  # [S]
         totals = weight @ scores if plan else np.zeros(rows.size)  # [C]
         runners_up = max(query.explain_top, 0)
@@ -126,41 +218,19 @@ class Picker:
                 totals -= (weight.sum() + 1.0) * degraded_all
                 leaders, ties = _leaders(totals, runners_up)
                 degraded = degraded_all[leaders]
-        position = int(self._rng.integers(ties)) if ties > 1 else 0
-        chosen = int(leaders[position])
-        row = int(rows[chosen])
-        node_id = snapshot.node_ids[row]
-        assert node_id is not None  # live rows always have an id
-        self._remember(query.prefix_hash, node_id)
-        names = [name for name, _, _ in plan]
-        explained = [chosen, *leaders[leaders != chosen][:runners_up].tolist()]
-        candidates = [
-            Candidate(
-                snapshot.node_ids[rows[c]] or "",
-                float(totals[c]),
-                dict(zip(names, scores[:, c].tolist(), strict=True)),
-            )
-            for c in explained
-        ]
-        done = time.perf_counter_ns()
-        result = PickResult(
-            node_id=node_id,
-            address=snapshot.addresses[row],
-            row=row,
-            total=float(totals[chosen]),
-            considered=int(rows.size),
-            candidates=candidates,
-            last_resort=bool(degraded[position]),
-            filter_us=(filtered - start) / 1e3,
-            score_us=(done - filtered) / 1e3,
-        )
-        if logger.isEnabledFor(logging.DEBUG):
-            logger.debug(
-                "pick %s/%s -> %s total=%.3f considered=%d last_resort=%s filter=%.0fus score=%.0fus top=%s",
-                query.model, query.workload_class.name, node_id, result.total, result.considered,
-                result.last_resort, result.filter_us, result.score_us, candidates,
-            )  # fmt: skip
-        return result
+        deadlines = snapshot.column("deadline_s")[snapshot.column("live")]
+        expired = deadlines[deadlines <= query.now_s]
+        pending = deadlines[deadlines > query.now_s]
+        ranking = _Ranking(
+            rows[leaders], totals[leaders], scores[:, leaders], ties, degraded, int(rows.size),
+            valid_from_s=float(expired.max()) if expired.size else -np.inf,
+            valid_until_s=float(pending.min()) if pending.size else np.inf,
+        )  # fmt: skip
+        if self._memo_capacity:
+            if len(self._memo) >= self._memo_capacity:
+                self._memo.clear()  # many distinct queries on one version: rare, and rebuilt on demand
+            self._memo[_memo_key(query, prefix_row)] = ranking
+        return ranking
 
     def _score(
         self,
@@ -168,9 +238,10 @@ class Picker:
         query: PickQuery,
         rows: np.ndarray,
         plan: tuple[tuple[str, Scorer, float], ...],
+        prefix_row: int | None,
     ) -> np.ndarray:
         """[S, C] values of plan's scorers for the candidate rows, clamped to [0, 1] with NaN as 0."""
-        context = PickContext(prefix_row=self._prefix_row(snapshot, query.prefix_hash))
+        context = PickContext(prefix_row=prefix_row)
         scores = np.empty((len(plan), rows.size))
         for i, (_, scorer, _) in enumerate(plan):
             values = np.asarray(scorer(snapshot, query, context), dtype=np.float64)  # [num_rows]
@@ -204,6 +275,13 @@ class Picker:
         self._prefix_nodes.move_to_end(prefix_hash)
         if len(self._prefix_nodes) > self._prefix_capacity:
             self._prefix_nodes.popitem(last=False)
+
+
+def _memo_key(query: PickQuery, prefix_row: int | None) -> _MemoKey:
+    return (
+        query.model, query.workload_class, query.caller_zone, query.caller_rack, query.caller_host,
+        query.exclude, query.explain_top, prefix_row,
+    )  # fmt: skip
 
 
 def _leaders(totals: np.ndarray, runners_up: int) -> tuple[np.ndarray, int]:

@@ -7,14 +7,15 @@ import contextlib
 import logging
 
 import grpc
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import TracerProvider
 from prometheus_client import start_http_server
 
 from hanzo.inference.v1 import placer_pb2, worker_pb2, worker_pb2_grpc
 from services.common.errors import ResourceExhausted
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
+from services.common.served import serve_instrumented
 from services.common.tasks import cancel_and_wait
-from services.common.tracing import make_tracer_provider
+from services.common.tracing import make_tracer_provider, shutdown_tracing
 from services.worker.models.errors import CheckpointError
 from services.worker.server.config import WorkerSettings
 from services.worker.server.heartbeat import Heartbeat, node_report
@@ -24,7 +25,8 @@ from services.worker.server.servicer import WorkerServicer
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
+SERVICE = worker_pb2.DESCRIPTOR.services_by_name["Worker"]
+SERVICE_NAME = SERVICE.full_name
 
 
 class WorkerApp:
@@ -35,12 +37,13 @@ class WorkerApp:
         self.tracer_provider = tracer_provider or make_tracer_provider("hanzo-worker")
         self.metrics = WorkerMetrics()
         self.host = ModelHost(settings)
-        self.server = new_server(self.tracer_provider)
+        self.server = new_server()
         self.address = bind(self.server, settings.host, settings.port)
         self.node_id = settings.node_id or f"{settings.hostname}-{self.address.rsplit(':', 1)[1]}"
         self.advertise_address = settings.advertise_address or self.address
         tracer = self.tracer_provider.get_tracer("hanzo.worker")
         self.servicer = WorkerServicer(self.node_id, self.host, self.metrics, tracer)
+        serve_instrumented(self.servicer, SERVICE, tracer)
         worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.metrics_port: int | None = None
@@ -87,7 +90,7 @@ class WorkerApp:
         await self.host.close()
         if self._placer_channel is not None:
             await self._placer_channel.close()
-        self.tracer_provider.shutdown()
+        shutdown_tracing(self.tracer_provider)
 
     def _report(self) -> placer_pb2.NodeReport:
         return node_report(

@@ -184,7 +184,7 @@ def test_result_explains_the_choice() -> None:
     weights = ClassWeights.defaults().for_class(CHAT)
     assert set(scores) == set(weights)
     assert total == pytest.approx(sum(weights[name] * value for name, value in scores.items()))
-    assert result.filter_us >= 0 and result.score_us >= 0
+    assert result.rank_us >= 0 and result.choose_us >= 0
     assert len(pick(make_picker(), nodes, explain_top=0).candidates) == 1
     assert len(pick(make_picker(), nodes, explain_top=50).candidates) == 6
 

@@ -16,8 +16,8 @@ import grpc
 import pytest
 
 from hanzo.inference.v1 import common_pb2, inference_pb2, worker_pb2_grpc
+from services.common.error_status import status_for
 from services.common.errors import ResourceExhausted
-from services.common.interceptors import status_for
 from services.common.workload import WorkloadClass
 from services.worker.engine.errors import AdmissionError
 from services.worker.server.app import WorkerApp

@@ -1,0 +1,54 @@
+"""The gRPC status each typed exception stands for, so servicers raise and never build statuses."""
+
+from __future__ import annotations
+
+import grpc
+
+from services.common.errors import ServiceError, retry_hint
+from services.worker.engine.errors import AdmissionError, EngineDeadError, InvalidRequestError
+from services.worker.memory.errors import (
+    HostCopyMismatchError,
+    MemoryManagerError,
+    ModelAlreadyResidentError,
+    ModelBusyError,
+    ModelEvictedError,
+    OutOfMemoryError,
+    UnknownModelError,
+)
+from services.worker.models.errors import CheckpointError
+
+# Memory-manager errors by class; the first match wins, so subclasses come before their bases.
+_MEMORY_STATUS: tuple[tuple[type[MemoryManagerError], grpc.StatusCode], ...] = (
+    (OutOfMemoryError, grpc.StatusCode.RESOURCE_EXHAUSTED),  # the arena is full even after eviction
+    (UnknownModelError, grpc.StatusCode.NOT_FOUND),
+    (ModelAlreadyResidentError, grpc.StatusCode.ALREADY_EXISTS),
+    (ModelBusyError, grpc.StatusCode.FAILED_PRECONDITION),  # evict with force, or wait for it to drain
+    (ModelEvictedError, grpc.StatusCode.UNAVAILABLE),  # it left this worker: another may serve it
+    (HostCopyMismatchError, grpc.StatusCode.FAILED_PRECONDITION),
+)
+
+
+def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
+    """The status a raised exception stands for; None for an unexpected error (a bug: INTERNAL)."""
+    if isinstance(exc, ServiceError):
+        return exc.code, str(exc)
+    if isinstance(exc, InvalidRequestError):
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
+    if isinstance(exc, EngineDeadError):
+        return grpc.StatusCode.UNAVAILABLE, str(exc)
+    if isinstance(exc, AdmissionError):  # worded like ResourceExhausted: one hint format for callers
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc) + retry_hint(exc.retry_after_s)
+    if isinstance(exc, CheckpointError):  # the files on disk are wrong; retrying will not help
+        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
+    if isinstance(exc, MemoryManagerError):
+        for kind, code in _MEMORY_STATUS:
+            if isinstance(exc, kind):
+                return code, str(exc)
+        return grpc.StatusCode.INVALID_ARGUMENT, str(exc)  # bad sizes or ranges asked of the manager
+    return None
+
+
+# Every exception type status_for maps: what the served wrapper catches and answers with its status.
+TYPED_ERRORS = (
+    ServiceError, InvalidRequestError, EngineDeadError, AdmissionError, CheckpointError, MemoryManagerError
+)  # fmt: skip

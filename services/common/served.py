@@ -1,0 +1,143 @@
+"""Serve a servicer's RPCs through one wrapper per method: check the caller, open the server span (the
+caller's W3C trace continued), and turn typed errors into their status codes.
+
+Server interceptors did these jobs before. grpc.aio runs its interceptors as a chain of coroutines on
+every call, and each one wraps the handler again (OpenTelemetry's also proxies the servicer context).
+As three interceptors, tracing, error mapping and the API-key check added about 0.25 ms to a call's time
+to first message on this machine. This wrapper does all three in one frame for about two thirds of what
+the OpenTelemetry interceptor alone adds (`bench/served_overhead.py` measures both, recording spans).
+Span names and `rpc.*` attributes follow the OpenTelemetry gRPC instrumentation, so traces read as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import grpc
+from google.protobuf.descriptor import ServiceDescriptor
+from opentelemetry import trace
+from opentelemetry.propagate import extract
+
+from services.common.error_status import TYPED_ERRORS, status_for
+
+# Raises an Unauthenticated (or other ServiceError) for a caller that may not call; sees the metadata.
+Authenticate = Callable[[Mapping[str, str]], None]
+
+# Server-side span status per OpenTelemetry's RPC conventions: only these codes mark the span an error
+# (a caller's bad input or unknown model is the caller's problem, not the server's).
+_SERVER_ERRORS = frozenset(
+    {
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+
+def serve_instrumented(
+    servicer: object,
+    service: ServiceDescriptor,
+    tracer: trace.Tracer,
+    authenticate: Authenticate | None = None,
+) -> None:
+    """Replace each of service's methods on servicer (an instance of its generated servicer class) by
+    the wrapped one; call before add_*Servicer_to_server."""
+    for method in service.methods:
+        behavior = getattr(servicer, method.name)
+        call = _Call(
+            f"/{service.full_name}/{method.name}", service.full_name, method.name, tracer, authenticate
+        )
+        wrapped = call.stream(behavior) if method.server_streaming else call.unary(behavior)
+        setattr(servicer, method.name, wrapped)
+
+
+class _Call:
+    """What every call of one method shares: its span name, attributes, tracer and caller check."""
+
+    def __init__(
+        self,
+        full_method: str,
+        service: str,
+        method: str,
+        tracer: trace.Tracer,
+        authenticate: Authenticate | None,
+    ) -> None:
+        self.full_method = full_method
+        self.attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+        self.tracer = tracer
+        self.authenticate = authenticate
+
+    def unary(self, behavior: Callable[[Any, grpc.aio.ServicerContext], Any]) -> Callable[..., Any]:
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            metadata = dict(context.invocation_metadata() or ())
+            with self._span(metadata) as span:
+                try:
+                    if self.authenticate is not None:
+                        self.authenticate(metadata)
+                    reply = await behavior(request, context)
+                except BaseException as exc:
+                    await _fail(span, context, exc)
+                _finish(span, context)
+                return reply
+
+        return handler
+
+    def stream(
+        self, behavior: Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[Any]]
+    ) -> Callable[..., Any]:
+        async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            metadata = dict(context.invocation_metadata() or ())
+            with self._span(metadata) as span:
+                try:
+                    if self.authenticate is not None:
+                        self.authenticate(metadata)
+                    async for item in behavior(request, context):
+                        yield item
+                except BaseException as exc:
+                    await _fail(span, context, exc)
+                _finish(span, context)
+
+        return handler
+
+    def _span(self, metadata: Mapping[str, str]) -> Any:
+        # record_exception/set_status off: _fail records exactly what the caller was told.
+        return self.tracer.start_as_current_span(
+            self.full_method,
+            context=extract(metadata),
+            kind=trace.SpanKind.SERVER,
+            attributes=self.attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        )
+
+
+def _finish(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
+    code = context.code() or grpc.StatusCode.OK  # a handler may set_code() and return normally
+    _record(span, code, context.details())
+
+
+async def _fail(span: trace.Span, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+    """Record why the call ended on its span; a typed error becomes its status (abort raises)."""
+    if isinstance(exc, TYPED_ERRORS):
+        code, details = status_for(exc)  # type: ignore[misc]  # typed errors always map
+        _record(span, code, details)
+        await context.abort(code, details)
+    if isinstance(exc, grpc.aio.AbortError):  # the handler called context.abort() itself
+        _record(span, context.code() or grpc.StatusCode.UNKNOWN, context.details())
+    elif isinstance(exc, asyncio.CancelledError | GeneratorExit):  # the caller went away
+        _record(span, grpc.StatusCode.CANCELLED, "the caller cancelled")
+    else:  # a bug: gRPC answers UNKNOWN with the exception's text
+        span.record_exception(exc)
+        _record(span, grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
+    raise exc
+
+
+def _record(span: trace.Span, code: grpc.StatusCode, details: str | None) -> None:
+    span.set_attribute("rpc.grpc.status_code", code.value[0])
+    if code in _SERVER_ERRORS:
+        span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {details}"))
