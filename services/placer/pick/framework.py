@@ -69,8 +69,8 @@ class _Ranking(NamedTuple):
     ties: int  # the first `ties` leaders share the best total
     degraded: np.ndarray  # [L] bool
     considered: int  # candidates that passed every filter
-    valid_from_s: float  # the ranking holds for now_s in [valid_from_s, valid_until_s): no heartbeat
-    valid_until_s: float  # deadline falls in between, so the healthy filter passes the same rows
+    valid_from_s: float  # the ranking holds for now_s in [valid_from_s, valid_until_s): no candidate's
+    valid_until_s: float  # heartbeat deadline passes in between
 
 
 _MemoKey = tuple[str, WorkloadClass, str, str, str, frozenset[str], int, int | None]
@@ -218,13 +218,12 @@ class Picker:
                 totals -= (weight.sum() + 1.0) * degraded_all
                 leaders, ties = _leaders(totals, runners_up)
                 degraded = degraded_all[leaders]
-        deadlines = snapshot.column("deadline_s")[snapshot.column("live")]
-        expired = deadlines[deadlines <= query.now_s]
-        pending = deadlines[deadlines > query.now_s]
+        # Time changes the outcome only through the healthy filter: a candidate drops out when its
+        # deadline passes, and no filtered-out node comes back while time moves forward.
         ranking = _Ranking(
             rows[leaders], totals[leaders], scores[:, leaders], ties, degraded, int(rows.size),
-            valid_from_s=float(expired.max()) if expired.size else -np.inf,
-            valid_until_s=float(pending.min()) if pending.size else np.inf,
+            valid_from_s=query.now_s,
+            valid_until_s=float(snapshot.deadline_s[rows].min()),
         )  # fmt: skip
         if self._memo_capacity:
             if len(self._memo) >= self._memo_capacity:
