@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 import grpc
 from opentelemetry import trace
@@ -28,7 +28,7 @@ from services.gateway.classify import classify_generate
 from services.gateway.config import GatewaySettings
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.upstream import Placement, Upstream, relay
-from services.worker.server.convert import prompt_of, sampling_params
+from services.worker.server.convert import sampling_params
 
 _WORKER = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 _WORKER_GENERATE = f"/{_WORKER}/Generate"
@@ -167,7 +167,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         excluded: list[str],
         context: grpc.aio.ServicerContext,
         last_error: grpc.aio.AioRpcError | None,
-        prompt: str | list[int] | None = None,
+        prompt: str | Sequence[int] | None = None,
     ) -> Placement | None:
         """The next worker to try; None once every worker was tried (the caller reports why they failed)."""
         timeout = self._timeout(context, self.settings.pick_timeout_s)
@@ -215,11 +215,15 @@ class _DeadlineExceeded(Unavailable):
     code = grpc.StatusCode.DEADLINE_EXCEEDED
 
 
-def _validate_generate(request: inference_pb2.GenerateRequest) -> str | list[int]:
+def _validate_generate(request: inference_pb2.GenerateRequest) -> str | Sequence[int]:
     """The prompt; InvalidArgument naming the field for anything the worker would refuse anyway."""
     if not request.model:
         raise InvalidArgument("model", "is empty; name a model (ListModels shows them)")
-    prompt = prompt_of(request)
+    which = request.WhichOneof("input")
+    if which is None:
+        raise InvalidArgument("prompt", "missing: set prompt (text) or prompt_token_ids")
+    # The token ids stay in the message: copying a long prompt into a list costs more than all the rest.
+    prompt = request.prompt if which == "prompt" else request.prompt_token_ids.ids
     if not prompt:
         raise InvalidArgument("prompt", "is empty; send text or at least one token id")
     sampling_params(request.sampling)  # raises InvalidRequestError (-> INVALID_ARGUMENT) naming the field

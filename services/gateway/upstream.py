@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 from array import array
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import grpc
@@ -18,7 +19,7 @@ from services.placer.pick.query import PickQuery
 from services.placer.replica import PlacerReplica
 
 
-def prefix_hash(prompt: str | list[int]) -> int:
+def prefix_hash(prompt: str | Sequence[int]) -> int:
     """A stable 63-bit hash of the prompt's start, the same on every gateway replica (Python's hash()
     is salted per process), so requests sharing a prefix meet on the worker that caches it."""
     head = prompt[:512].encode() if isinstance(prompt, str) else array("q", prompt[:128]).tobytes()
@@ -74,11 +75,11 @@ class Upstream:
         workload: WorkloadClass,
         exclude: list[str],
         timeout_s: float,
-        prompt: str | list[int] | None = None,
+        prompt: str | Sequence[int] | None = None,
     ) -> Placement:
         """The worker the placer chooses; NotFound for an unknown model, Unavailable when none can serve."""
         hashed = prefix_hash(prompt) if prompt else 0
-        prompt_tokens = len(prompt) if isinstance(prompt, list) else 0
+        prompt_tokens = len(prompt) if prompt and not isinstance(prompt, str) else 0
         if self.local is not None:
             query = PickQuery(
                 model=model,
