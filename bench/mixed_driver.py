@@ -1,6 +1,7 @@
 """Drives one LLMEngine from one thread for bench/mixed.py: an open-loop trace (requests added when their
-arrival time has passed, before each step), or requests one at a time on an idle engine. Records when each
-request arrived, was added, first scheduled, got each token and finished, and what every step did."""
+arrival time has passed: before each step, and between the layers of a running step, as AsyncLLM does),
+or requests one at a time on an idle engine. Records when each request arrived, was added, first
+scheduled, got each token and finished, and what every step did."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from services.worker.engine.errors import AdmissionError
 from services.worker.engine.outputs import RequestOutput
 from services.worker.engine.policy.classes import SchedulingHints
 from services.worker.engine.scheduler import ScheduledBatch
+from services.worker.engine.step_interrupts import StepInterrupts
 
 LATENCY = frozenset({WorkloadClass.REALTIME_CHAT, WorkloadClass.AGENT_TOOL})
 
@@ -166,6 +168,16 @@ def run_trace(engine: LLMEngine, trace: list[TraceRequest], max_s: float) -> Run
     pending = deque(timings)
     steps: list[StepRecord] = []
     timed_out = False
+
+    def add_arrived() -> None:
+        now = time.monotonic()
+        while pending and pending[0].arrival <= now:
+            _add(engine, pending.popleft())
+
+    # A policy without layer preemption never polls: arrivals then wait for the step to end, as before.
+    interrupts = StepInterrupts(
+        poll=add_arrived, deliver=lambda outputs: _record(outputs, by_id, time.monotonic())
+    )
     while pending or engine.has_unfinished_requests():
         now = time.monotonic()
         if now - start > max_s:
@@ -174,15 +186,14 @@ def run_trace(engine: LLMEngine, trace: list[TraceRequest], max_s: float) -> Run
                 if timing.finished is None and timing.added is not None:
                     engine.abort_request(timing.request.request_id)
             break
-        while pending and pending[0].arrival <= now:
-            _add(engine, pending.popleft())
+        add_arrived()
         if not engine.has_unfinished_requests():
             if pending:
                 time.sleep(max(0.0, pending[0].arrival - time.monotonic()))
             continue
         observed = len(shapes)
         step_start = time.monotonic()
-        outputs = engine.step()
+        outputs = engine.step(interrupts)
         step_end = time.monotonic()
         _record(outputs, by_id, step_end)
         if len(shapes) > observed:  # the step ran the model (not only refusals)

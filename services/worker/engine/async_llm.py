@@ -2,7 +2,10 @@
 
 Callers' commands (add, abort, call, hold) cross to the engine thread through a queue and are applied
 between steps, in the order they were sent; each step's outputs cross back in one
-`call_soon_threadsafe`, fanned out to per-request queues.
+`call_soon_threadsafe`, fanned out to per-request queues. While a step runs, the engine polls the queue
+between the model's layers (layer-level preemption): adds at the front of the queue are applied at once,
+so a latency-class prompt can run nested in that step; the first other command stops the polling, and it
+and everything after it wait for the step to end, still in order.
 
 Holding (`async with llm.paused() as held:`) parks the engine thread on the hold's own queue: no step
 runs and no later command is applied until the block exits, while `held.call(fn)` still runs fn on
@@ -33,6 +36,7 @@ from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.outputs import RequestOutput, merge
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
+from services.worker.engine.step_interrupts import StepInterrupts
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +107,9 @@ class AsyncLLM:
         # Commands put (loop side) and applied (engine side): "idle" counts only once both agree.
         self._submitted = 0
         self._applied = 0
+        # At most one command taken off the queue mid-step and kept for after the step (None: shutdown).
+        self._deferred: list[_Command | None] = []
+        self._interrupts = StepInterrupts(poll=self._poll_adds, deliver=self._deliver_nested)
 
     async def __aenter__(self) -> AsyncLLM:
         self.start()
@@ -238,7 +245,7 @@ class AsyncLLM:
                 if not engine.has_unfinished_requests():
                     self._deliver([], True)
                     continue
-                outputs = engine.step()
+                outputs = engine.step(self._interrupts)
                 if outputs:
                     self._deliver(outputs, not engine.has_unfinished_requests())
         except BaseException as exc:  # the engine is unusable: tell every waiting stream why
@@ -252,7 +259,7 @@ class AsyncLLM:
         """Fail adds that were queued when the engine died, so no caller waits forever."""
         while True:
             try:
-                command = self._commands.get_nowait()
+                command = self._deferred.pop() if self._deferred else self._commands.get_nowait()
             except queue.Empty:
                 return
             if isinstance(command, _Add | _Call):
@@ -260,28 +267,51 @@ class AsyncLLM:
             elif isinstance(command, _Hold):
                 _settle(command.held, error=error)
 
+    def _poll_adds(self) -> None:
+        """Between a running step's layers: apply the adds at the front of the queue, and stop at the
+        first other command (kept for after the step, so the order of commands holds)."""
+        while not self._deferred:
+            try:
+                command = self._commands.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Add):
+                self._applied += 1
+                self._add(command)
+            else:
+                self._deferred.append(command)
+
+    def _deliver_nested(self, outputs: list[RequestOutput]) -> None:
+        self._deliver(outputs, False)
+
+    def _add(self, command: _Add) -> None:
+        try:
+            self.engine.add_request(
+                command.request_id,
+                command.prompt,
+                command.params,
+                hints=command.hints,
+                arrival_time=command.arrival_time,
+            )
+            _settle(command.done, None)
+        except Exception as exc:  # bad input: only this request fails
+            _settle(command.done, error=exc)
+
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued adds/aborts; False when shutdown was requested."""
-        try:
-            command = self._commands.get(block=block)
-        except queue.Empty:
-            return True
+        if self._deferred:
+            command = self._deferred.pop()
+        else:
+            try:
+                command = self._commands.get(block=block)
+            except queue.Empty:
+                return True
         while True:
             if command is None:
                 return False
             self._applied += 1
             if isinstance(command, _Add):
-                try:
-                    self.engine.add_request(
-                        command.request_id,
-                        command.prompt,
-                        command.params,
-                        hints=command.hints,
-                        arrival_time=command.arrival_time,
-                    )
-                    _settle(command.done, None)
-                except Exception as exc:  # bad input: only this request fails
-                    _settle(command.done, error=exc)
+                self._add(command)
             elif isinstance(command, _Call):
                 _run_call(self.engine, command)
             elif isinstance(command, _Hold):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,8 +25,9 @@ from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.outputs import RequestOutput, TextState, make_output
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine.scheduler import Scheduler, SchedulerConfig
+from services.worker.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence
+from services.worker.engine.step_interrupts import StepInterrupts
 from services.worker.memory.errors import ModelBusyError, ModelEvictedError
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
@@ -53,6 +55,7 @@ class EngineStats:
     # Steps per chosen token budget, rounded up to a power of two (a bounded set of keys for metrics).
     steps_by_budget: Counter[int] = field(default_factory=Counter)
     last_budget: int = 0
+    urgent_steps: int = 0  # steps of latency-class prompts run ahead of, or between the layers of, another
 
 
 class LLMEngine(KVPoolResizing):
@@ -109,6 +112,7 @@ class LLMEngine(KVPoolResizing):
         )
         self.stats = EngineStats()
         self._text: dict[str, TextState] = {}
+        self._nested_s = 0.0  # seconds spent in urgent steps so far (see _run)
 
     def add_request(
         self,
@@ -152,24 +156,45 @@ class LLMEngine(KVPoolResizing):
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, interrupts: StepInterrupts | None = None) -> list[RequestOutput]:
         """Run one batched model step; an output for every request that gained a token or finished.
-        ModelEvictedError after evict()."""
+        ModelEvictedError after evict().
+
+        Under a policy with layer preemption, latency-class prompts already waiting first get a step of
+        their own (before the batch step, which then keeps its size). With interrupts, the step also
+        polls for arrivals between its layers and runs those prompts at once, nested, handing their
+        outputs to interrupts.deliver; without, they are returned with this step's."""
         self._check_resident()
+        outputs = self._run_urgent(interrupts)
+        if outputs and interrupts is not None:
+            interrupts.deliver(outputs)
+            outputs = []
         batch = self.scheduler.schedule()
         if batch is None:
-            return []
-        stats = self.stats
-        outputs = []
+            return outputs
         for seq, error in batch.rejected:
-            stats.rejections_by_class[seq.hints.workload] += 1
+            self.stats.rejections_by_class[seq.hints.workload] += 1
             self._forget(seq.request_id)
             outputs.append(make_output(seq, [], "", error))
-        if not batch.seqs:
-            return outputs
+        if batch.seqs:
+            between = None
+            if interrupts is not None and self.scheduler.policy.preempts_between_layers:
+                between = self._between_layers(interrupts, None)
+            outputs += self._run(batch, between)
+        return outputs
+
+    def _run(
+        self, batch: ScheduledBatch, between_layers: Callable[[], None] | None = None
+    ) -> list[RequestOutput]:
+        """Execute a scheduled batch and apply it: outputs for the sequences that sampled a token."""
+        stats = self.stats
+        nested_before = self._nested_s
         started = time.perf_counter()
-        sampled = self.runner.execute(batch)
-        self.scheduler.observe_step(batch, time.perf_counter() - started)
+        sampled = self.runner.execute(batch, between_layers)
+        # Steps nested between this one's layers are timed on their own: the step-time model learns
+        # what this shape costs, not what happened to run inside it.
+        seconds = time.perf_counter() - started - (self._nested_s - nested_before)
+        self.scheduler.observe_step(batch, seconds)
         self.scheduler.update(batch, sampled)
         stats.steps += 1
         stats.preemptions += len(batch.preempted)
@@ -177,12 +202,46 @@ class LLMEngine(KVPoolResizing):
             stats.preemptions_by_class[seq.hints.workload] += 1
         stats.steps_by_budget[1 << max(0, batch.budget - 1).bit_length()] += 1
         stats.last_budget = batch.budget
-        for seq, token in zip(batch.seqs, sampled, strict=True):
-            if token is not None:  # None: a prefill chunk that has not reached the prompt's end
-                outputs.append(self._output(seq, token))
-        stats.generated_tokens += len(outputs) - len(batch.rejected)
+        outputs = [
+            self._output(seq, token)
+            for seq, token in zip(batch.seqs, sampled, strict=True)
+            if token is not None  # None: a prefill chunk that has not reached the prompt's end
+        ]
+        stats.generated_tokens += len(outputs)
         stats.tokens_computed += batch.total_tokens
         return outputs
+
+    def _run_urgent(
+        self, interrupts: StepInterrupts | None, outranking: ScheduledBatch | None = None
+    ) -> list[RequestOutput]:
+        """Run the latency-class prompts that fit now (and outrank everything in `outranking`, the urgent
+        batch this one would interrupt) in a step of their own; their outputs. An urgent step may itself
+        be interrupted, once: by prompts that outrank all of its own (chat prompts during agent ones)."""
+        batch = self.scheduler.schedule_urgent(outranking=outranking.seqs if outranking else None)
+        if batch is None:
+            return []
+        between = None
+        if interrupts is not None and outranking is None:
+            between = self._between_layers(interrupts, batch)
+        started = time.perf_counter()
+        outputs = self._run(batch, between)
+        self._nested_s += time.perf_counter() - started
+        self.stats.urgent_steps += 1
+        return outputs
+
+    def _between_layers(
+        self, interrupts: StepInterrupts, executing: ScheduledBatch | None
+    ) -> Callable[[], None]:
+        """The hook run between the blocks of a step: take arrivals, run urgent prompts nested.
+        executing: the urgent batch being interrupted (None: an ordinary step, any urgent prompt may)."""
+
+        def between_layers() -> None:
+            interrupts.poll()
+            outputs = self._run_urgent(interrupts, executing)
+            if outputs:
+                interrupts.deliver(outputs)
+
+        return between_layers
 
     def evict(self, *, abort_running: bool = False, keep_host_copy: bool = True) -> HostCopy | None:
         """Give the model's partition back to the arena, first copying its weights to host memory (pinned

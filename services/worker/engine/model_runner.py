@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,10 +63,13 @@ class ModelRunner:
         self.attention.kv_caches = kv_caches
 
     @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> list[int | None]:
-        """Run the batch; the sampled token per sequence (None for a prefill chunk that samples nothing)."""
+    def execute(
+        self, batch: ScheduledBatch, between_layers: Callable[[], None] | None = None
+    ) -> list[int | None]:
+        """Run the batch; the sampled token per sequence (None for a prefill chunk that samples nothing).
+        between_layers: see LlamaForCausalLM.forward; it may call execute() for another batch."""
         inputs = self.prepare(batch)
-        logits = self.forward(inputs)
+        logits = self.forward(inputs, between_layers)
         sampled: list[int | None] = [None] * len(batch.seqs)
         if inputs.sample_batch_index:
             seqs = [batch.seqs[i] for i in inputs.sample_batch_index]
@@ -75,10 +79,15 @@ class ModelRunner:
         return sampled
 
     @torch.inference_mode()
-    def forward(self, inputs: StepInputs) -> torch.Tensor:
+    def forward(self, inputs: StepInputs, between_layers: Callable[[], None] | None = None) -> torch.Tensor:
         """Logits [S, vocab] (float32) for the sampling rows of a prepared step."""
+        # Restored after: a forward nested between another's layers must leave that one's metadata.
+        outer = self.attention.metadata
         self.attention.metadata = inputs.metadata
-        hidden = self.model(inputs.input_ids, inputs.positions, self.attention)
+        try:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.attention, between_layers)
+        finally:
+            self.attention.metadata = outer
         return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:

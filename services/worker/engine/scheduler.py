@@ -10,6 +10,11 @@ outranks it, taking its place in the budget and, if seats or blocks are short, i
 recompute, lowest priority and most recently admitted first). Under `fifo` nothing outranks anything,
 so running sequences go first and waiting ones are admitted in arrival order after, as in vLLM.
 
+Layer-level preemption (adaptive): `schedule_urgent` admits latency-class requests at the head of the
+queue into free seats and blocks, never touching the running set, so the engine can run them in a step of
+their own even between the layers of another step that is already executing. A chat prompt then waits
+for at most one layer of a long batch step, not the whole step, and batch steps keep their size.
+
 Progress guarantee: `add` rejects a prompt larger than the whole KV pool, and `update` finishes a
 sequence with LENGTH once it fills the pool, so a sequence alone in the pool always fits. Within one
 `schedule` call every loop iteration schedules, preempts or stops, so the call never spins.
@@ -199,6 +204,59 @@ class Scheduler:
         self._fill(batch, batch.budget, now)
         return batch if batch.seqs or batch.rejected else None
 
+    def schedule_urgent(
+        self, now: float | None = None, outranking: list[Sequence] | None = None
+    ) -> ScheduledBatch | None:
+        """A batch of the latency-class requests heading the queue that fit into free seats and blocks
+        now (with their expected growth, and the watermark kept), up to the step budget; None when there
+        are none or the policy does not preempt between layers. Nothing running is displaced or
+        rescheduled, so this is safe while another batch is executing (the engine calls it between that
+        batch's layers). A prompt longer than the budget gets its first chunk; the rest continues in
+        ordinary steps. Only the head's priority level is taken. outranking: only requests that outrank
+        every one of these (a chat prompt may interrupt an urgent step of agent prompts, not another
+        chat's)."""
+        policy = self.policy
+        if not policy.preempts_between_layers:
+            return None
+        head = self._waiting.peek()
+
+        def eligible(head: Sequence | None) -> bool:
+            if head is None or not policy.is_latency(head):
+                return False
+            return outranking is None or all(policy.outranks(head, s) for s in outranking)
+
+        if not eligible(head):
+            return None
+        assert head is not None
+        # One priority level per urgent step: a chat prompt's first token must not wait for an agent's
+        # long prompt that happened to arrive with it (that one gets the next urgent step).
+        level = head.priority
+        now = time.monotonic() if now is None else now
+        bm = self.block_manager
+        batch = ScheduledBatch(budget=self.config.max_num_batched_tokens)
+        budget = batch.budget
+        while eligible(head) and budget > 0:
+            assert head is not None
+            if head.priority != level:
+                break
+            if len(self._running) >= self.config.max_num_seqs:
+                break
+            bm.admit(head)
+            n = min(head.num_tokens - head.num_computed_tokens, budget)
+            need = max(n, policy.tokens_to_hold(head))
+            if bm.blocks_needed(head, need) + self._watermark_blocks > bm.num_free_blocks:
+                bm.unadmit(head)
+                break
+            if not bm.allocate(head, n):
+                raise AssertionError("allocate failed after blocks_needed said it fits")  # a bug
+            self._count_out(self._waiting.pop())
+            self._start_running(head, now)
+            bisect.insort(self._running, head, key=policy.running_key)
+            batch.add(head, n)
+            budget -= n
+            head = self._waiting.peek()
+        return batch if batch.seqs else None
+
     def observe_step(self, batch: ScheduledBatch, seconds: float) -> None:
         """The model computed batch in seconds; feeds the budget controller's step-time model."""
         self.policy.observe_step(batch.total_tokens, len(batch.seqs), seconds)
@@ -262,10 +320,7 @@ class Scheduler:
                     can_admit = False  # head-of-line: never skip ahead of the queue's order
                     continue
                 self._count_out(waiting.pop())
-                head.status = SequenceStatus.RUNNING
-                head.admit_no = next(self._admits)
-                if head.first_scheduled_time is None:
-                    head.first_scheduled_time = now
+                self._start_running(head, now)
                 new.append(head)
                 batch.add(head, n)
                 budget -= n
@@ -325,6 +380,12 @@ class Scheduler:
         if not bm.allocate(head, n):
             raise AssertionError("allocate failed after blocks_needed said it fits")  # a bug, not input
         return n, end
+
+    def _start_running(self, seq: Sequence, now: float) -> None:
+        seq.status = SequenceStatus.RUNNING
+        seq.admit_no = next(self._admits)
+        if seq.first_scheduled_time is None:
+            seq.first_scheduled_time = now
 
     def _expire(self, now: float, batch: ScheduledBatch) -> None:
         """Refuse never-scheduled requests that waited longer than their class allows. A preempted one

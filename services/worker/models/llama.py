@@ -7,7 +7,7 @@ matmuls, which on small models saves most of the per-layer call overhead.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -90,9 +90,16 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: PagedAttention
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: PagedAttention,
+        between: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        if between is not None:
+            between()
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -127,15 +134,28 @@ class LlamaForCausalLM(nn.Module):
         # forward() applies anyway, so outputs are the same as with a float32 table.
         self.rope_cache.copy_(rope_cos_sin(inv_freq.to(device), self.config.max_position_embeddings))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: PagedAttention) -> torch.Tensor:
-        """Hidden states [T, hidden] after the final norm for tokens [T] at positions [T]."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        attn: PagedAttention,
+        between_layers: Callable[[], None] | None = None,
+    ) -> torch.Tensor:
+        """Hidden states [T, hidden] after the final norm for tokens [T] at positions [T].
+
+        between_layers: called after every attention and every MLP block but the last, so at most half a
+        layer apart. It may run other forwards of this model (the engine's layer-level preemption), as
+        long as it leaves attn's metadata as it found it."""
         # The table was computed in float32 and rounded to the model dtype, as HF does, so low-precision
         # runs round the same way (the cast below is then a no-op).
         cos, sin = self.rope_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2] each
         x = self.model.embed_tokens(input_ids)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        for layer in self.model.layers:
-            x = layer(x, cos, sin, attn)
+        last = len(self.model.layers) - 1
+        for i, layer in enumerate(self.model.layers):
+            x = layer(x, cos, sin, attn, between_layers)
+            if between_layers is not None and i < last:
+                between_layers()
         return self.model.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

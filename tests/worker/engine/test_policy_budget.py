@@ -101,20 +101,20 @@ def test_controller_explores_upward_before_anything_is_measured() -> None:
     assert BudgetController(16, 512).choose(0.01, 4) == 512  # no data yet: keeps its budget, measures
 
 
-def _scheduler(ttft_slo_s: float = 0.2, itl_slo_s: float = 0.05) -> Scheduler:
+def _scheduler(ttft_slo_s: float = 0.2, itl_slo_s: float = 0.05, layer_preemption: bool = True) -> Scheduler:
     classes = classes_with(RT, ttft_slo_s=ttft_slo_s, itl_slo_s=itl_slo_s)
-    config = SchedulerConfig(
-        max_model_len=8192,
-        max_num_batched_tokens=512,
-        policy=PolicyConfig(classes=classes, min_batched_tokens=16, latency_memory_s=1.0),
+    policy = PolicyConfig(
+        classes=classes, min_batched_tokens=16, latency_memory_s=1.0, layer_preemption=layer_preemption
     )
+    config = SchedulerConfig(max_model_len=8192, max_num_batched_tokens=512, policy=policy)
     sched = Scheduler(config, BlockManager(2048, 16))
     trained(sched.policy.budget.model)
     return sched
 
 
-def test_budget_shrinks_while_a_realtime_request_decodes_and_grows_after() -> None:
-    sched = _scheduler(itl_slo_s=0.05)
+@pytest.mark.parametrize("layer_preemption", [False, True])
+def test_budget_shrinks_while_a_realtime_request_decodes_and_grows_after(layer_preemption: bool) -> None:
+    sched = _scheduler(itl_slo_s=0.05, layer_preemption=layer_preemption)
     sched.add(seq("doc", BATCH, prompt=4000, max_tokens=4))
     sched.add(seq("chat", RT, prompt=10, max_tokens=3))
     budgets = []
@@ -126,6 +126,11 @@ def test_budget_shrinks_while_a_realtime_request_decodes_and_grows_after() -> No
         now += 0.05
     # The chat's prompt and two decodes: steps kept to its 50 ms inter-token target (64 tokens).
     assert budgets[1:3] == [64, 64]
+    if layer_preemption:
+        # Then only the document: a chat arriving now would run between the layers of the step, so the
+        # budget grows at once.
+        assert budgets[3] == 128
+        return
     # Then only the document: steps stay short for latency_memory_s (another chat may arrive) ...
     assert budgets[3] == 64
     # ... and after it the budget doubles toward the most efficient measured size.

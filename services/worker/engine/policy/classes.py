@@ -76,7 +76,11 @@ class PolicyConfig:
     request's max_tokens), so a new request does not force a preemption a few steps later.
     min_batched_tokens: the budget never shrinks below this (latency work always gets its own tokens).
     latency_memory_s: after the last latency-class request, how long steps stay short enough for the next
-    one to arrive into a short step (traffic with a steady rate keeps coming).
+    one to arrive into a short step (traffic with a steady rate keeps coming); only without
+    layer_preemption.
+    layer_preemption: a latency-class prompt that arrives while a step runs gets a step of its own
+    between that step's layers (when the engine is given a way to see arrivals mid-step, and free blocks
+    and a seat are there), so steps need not stay short for arrivals' sake.
     """
 
     name: PolicyName = PolicyName.ADAPTIVE
@@ -85,6 +89,7 @@ class PolicyConfig:
     expected_output_tokens: int = 64
     min_batched_tokens: int = 16
     latency_memory_s: float = 1.0
+    layer_preemption: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", PolicyName(self.name))

@@ -59,6 +59,11 @@ class SchedulingPolicy:
         """True when a may go before the already-admitted b, taking its budget, seat or blocks."""
         return self.adaptive and a.priority < b.priority
 
+    @property
+    def preempts_between_layers(self) -> bool:
+        """True when latency-class prompts may run between the layers of a step already executing."""
+        return self.adaptive and self.config.layer_preemption
+
     def is_latency(self, seq: Sequence) -> bool:
         return self.adaptive and self.class_of(seq).latency_sensitive
 
@@ -131,7 +136,8 @@ class SchedulingPolicy:
                     num_seqs += 1
                     self._add_need(seq, now, needs)
         target = min(needs.ttft_slack, needs.itl)
-        if target == math.inf:
+        if target == math.inf and not self.preempts_between_layers:
+            # Without layer preemption the next arrival waits out whatever step is running: keep them short.
             target = self._recent_target(now)
         # The most urgent level's tokens are exempt from the target; a less urgent level's only once
         # they have used half their TTFT target: a chat request's step must not grow by an agent's long
