@@ -41,6 +41,8 @@ from services.worker.memory.placement import (
 from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
 from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 
+_URGENT_ROUNDS = 4  # urgent steps at most, back to back, before a step's ordinary batch
+
 
 @dataclass
 class EngineStats:
@@ -165,10 +167,17 @@ class LLMEngine(KVPoolResizing):
         polls for arrivals between its layers and runs those prompts at once, nested, handing their
         outputs to interrupts.deliver; without, they are returned with this step's."""
         self._check_resident()
-        outputs = self._run_urgent(interrupts)
-        if outputs and interrupts is not None:
-            interrupts.deliver(outputs)
-            outputs = []
+        outputs: list[RequestOutput] = []
+        # Again while prompts keep arriving during the urgent steps themselves (bounded: batch work must
+        # still get its step under a stream of latency arrivals).
+        for _ in range(_URGENT_ROUNDS):
+            urgent = self._run_urgent(interrupts)
+            if not urgent:
+                break
+            if interrupts is not None:
+                interrupts.deliver(urgent)
+            else:
+                outputs += urgent
         batch = self.scheduler.schedule()
         if batch is None:
             return outputs

@@ -67,9 +67,12 @@ class ModelRunner:
         self, batch: ScheduledBatch, between_layers: Callable[[], None] | None = None
     ) -> list[int | None]:
         """Run the batch; the sampled token per sequence (None for a prefill chunk that samples nothing).
-        between_layers: see LlamaForCausalLM.forward; it may call execute() for another batch."""
+        between_layers: see LlamaForCausalLM.forward; it may call execute() for another batch. Also called
+        once the logits are computed (the LM head of a wide batch is a long stretch on its own)."""
         inputs = self.prepare(batch)
         logits = self.forward(inputs, between_layers)
+        if between_layers is not None:
+            between_layers()
         sampled: list[int | None] = [None] * len(batch.seqs)
         if inputs.sample_batch_index:
             seqs = [batch.seqs[i] for i in inputs.sample_batch_index]

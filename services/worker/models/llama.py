@@ -143,18 +143,17 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm for tokens [T] at positions [T].
 
-        between_layers: called after every attention and every MLP block but the last, so at most half a
-        layer apart. It may run other forwards of this model (the engine's layer-level preemption), as
-        long as it leaves attn's metadata as it found it."""
+        between_layers: called after every attention and every MLP block, so at most half a layer apart.
+        It may run other forwards of this model (the engine's layer-level preemption), as long as it
+        leaves attn's metadata as it found it."""
         # The table was computed in float32 and rounded to the model dtype, as HF does, so low-precision
         # runs round the same way (the cast below is then a no-op).
         cos, sin = self.rope_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2] each
         x = self.model.embed_tokens(input_ids)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-        last = len(self.model.layers) - 1
-        for i, layer in enumerate(self.model.layers):
+        for layer in self.model.layers:
             x = layer(x, cos, sin, attn, between_layers)
-            if between_layers is not None and i < last:
+            if between_layers is not None:
                 between_layers()
         return self.model.norm(x)
 

@@ -67,9 +67,9 @@ def test_a_chat_arriving_mid_step_gets_its_first_token_before_the_step_ends(llam
             engine.add_request("chat", chat_prompt, GREEDY, detokenize=False, hints=CHAT)
 
     returned = engine.step(StepInterrupts(poll=poll, deliver=delivered.extend))
-    # After every attention and MLP block but the last: in the batch step, and in the chat's nested one
-    # (a prompt that outranks the chat could interrupt that one in turn).
-    assert len(polls) == 2 * (2 * engine.model_config.num_hidden_layers - 1)
+    # After every attention and MLP block and after the LM head: in the batch step, and in the chat's
+    # nested one (a prompt that outranks the chat could interrupt that one in turn).
+    assert len(polls) == 2 * (2 * engine.model_config.num_hidden_layers + 1)
     assert [o.request_id for o in delivered] == ["chat"] and delivered[0].new_token_ids
     assert "chat" not in {o.request_id for o in returned}  # delivered at once, not with the step
     assert engine.stats.urgent_steps == 1 and engine.stats.preemptions == 0
