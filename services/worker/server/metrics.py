@@ -136,6 +136,13 @@ class WorkerMetrics:
             ["model", "budget"],
             registry=r,
         )
+        self.urgent_steps = Counter(
+            "hanzo_worker_urgent_steps",
+            "Steps of latency-class prompts run ahead of, or between the blocks of, a running step "
+            "(layer-level preemption)",
+            ["model"],
+            registry=r,
+        )
         # Engine counters are cumulative per engine; a reloaded model is a new engine starting at zero.
         self._seen: weakref.WeakKeyDictionary[LLMEngine, _Exported] = weakref.WeakKeyDictionary()
         self._evictions_exported: dict[str, int] = {}
@@ -179,6 +186,8 @@ class WorkerMetrics:
                 self.preemptions.labels(name, workload.name).inc(gained)
             for budget, gained in _gained(dict.copy(stats.steps_by_budget), exported.steps):
                 self.steps.labels(name, str(budget)).inc(gained)
+            for _, gained in _gained({"urgent": stats.urgent_steps}, exported.urgent_steps):
+                self.urgent_steps.labels(name).inc(gained)
 
 
 @dataclass
@@ -187,6 +196,7 @@ class _Exported:
 
     preemptions: dict[WorkloadClass, int] = field(default_factory=dict)
     steps: dict[int, int] = field(default_factory=dict)
+    urgent_steps: dict[str, int] = field(default_factory=dict)
 
 
 def _gained(now: Mapping[_K, int], exported: dict[_K, int]) -> Iterator[tuple[_K, int]]:
