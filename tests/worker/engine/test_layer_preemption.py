@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,6 +19,7 @@ from services.worker.engine.policy.classes import PolicyName, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.sequence import SequenceStatus
 from services.worker.engine.step_interrupts import StepInterrupts
+from services.worker.server.metrics import WorkerMetrics
 from tests.worker.engine.reference import mixed_prompts
 from tests.worker.engine.test_policy_scheduler import AGENT, BATCH, RT, T0, ids, scheduler, seq
 
@@ -77,6 +79,13 @@ def test_a_chat_arriving_mid_step_gets_its_first_token_before_the_step_ends(llam
     _run_to_end(engine, tokens)
     assert tokens == expected  # the nested step changed nobody's greedy output
     assert engine.block_manager.num_used_blocks == 0
+
+    metrics = WorkerMetrics()
+    served = SimpleNamespace(
+        name="llama", llm=SimpleNamespace(engine=engine), running=0, waiting=0, kv_usage=0.0
+    )
+    metrics.refresh([served])  # type: ignore[list-item]
+    assert metrics.registry.get_sample_value("hanzo_worker_urgent_steps_total", {"model": "llama"}) == 1
 
 
 def test_fifo_never_polls_and_runs_arrivals_after_the_step(llama_gqa_dir: Path) -> None:
