@@ -70,6 +70,7 @@ class ModelRunner:
         between_layers: see LlamaForCausalLM.forward; it may call execute() for another batch. Also called
         once the logits are computed (the LM head of a wide batch is a long stretch on its own)."""
         inputs = self.prepare(batch)
+        inputs.metadata.checkpoint = between_layers
         logits = self.forward(inputs, between_layers)
         if between_layers is not None:
             between_layers()

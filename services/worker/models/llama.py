@@ -29,6 +29,8 @@ _FUSED = {
     "mlp.up_proj": ("mlp.gate_up_proj", "up"),
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+# Under layer-level preemption, a step's MLP runs this many token rows between two checkpoints.
+_CHECKPOINT_ROWS = 256
 
 
 class RMSNorm(nn.Module):
@@ -98,9 +100,22 @@ class DecoderLayer(nn.Module):
         between: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
-        if between is not None:
-            between()
-        return x + self.mlp(self.post_attention_layernorm(x))
+        if between is None:
+            return x + self.mlp(self.post_attention_layernorm(x))
+        between()
+        # In row slices with a checkpoint between them: a wide step's MLP is its longest stretch, and
+        # rows are independent, so slicing changes nothing but where other steps may cut in.
+        normed = self.post_attention_layernorm(x)
+        rows = x.shape[0]
+        if rows <= _CHECKPOINT_ROWS:
+            return x + self.mlp(normed)
+        out = torch.empty_like(x)
+        for start in range(0, rows, _CHECKPOINT_ROWS):
+            if start:
+                between()
+            end = min(start + _CHECKPOINT_ROWS, rows)
+            out[start:end] = self.mlp(normed[start:end])
+        return x + out
 
 
 class LlamaModel(nn.Module):

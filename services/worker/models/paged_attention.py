@@ -14,6 +14,7 @@ attend one at a time (few per step); a chunk that starts at position 0 needs no 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,8 @@ class AttentionMetadata:
     num_decodes: int  # the first num_decodes tokens are single-query sequences
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
+    # Called between prefill chunks (the engine's layer-level preemption; see LlamaForCausalLM.forward).
+    checkpoint: Callable[[], None] | None = None
 
 
 class PagedAttention:
@@ -72,7 +75,9 @@ class PagedAttention:
         out = torch.empty_like(q)
         if meta.num_decodes:
             out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta)
-        for chunk in meta.prefills:
+        for i, chunk in enumerate(meta.prefills):
+            if i and meta.checkpoint is not None:
+                meta.checkpoint()  # may run other steps: this layer's K/V for this step are written already
             end = chunk.start + chunk.num_tokens
             # 4-D inputs: with 3-D ones SDPA on CPU falls back to its math kernel, measured 2.5x slower.
             qc = q[chunk.start : end].unsqueeze(0).transpose(1, 2)  # [1, H, n, D]
