@@ -15,11 +15,12 @@ Steps, all in this process on the benchmark's generated Llama:
    flags (real-time TTFT SLO = 2 x idle real-time TTFT p99, the target below; agent alike; ITL SLO =
    ITL_SLO_FACTOR x idle inter-token p50).
 3. Each round, for each policy (the first one alternating by round), a fresh engine (same model and config
-   but the policy), warmed up, runs the trace open loop: before each step the driver adds every request
-   whose arrival time has passed. TTFT and e2e count from the trace's arrival time. Batch throughput =
-   tokens (prompt + output) of finished batch requests / (last batch finish - first batch arrival); every
-   batch request must finish for the ratio to compare like with like (a run is cut off, and says so, after
-   RUN_CAP x the trace's duration).
+   but the policy), warmed up, runs the trace open loop: before each step, and between the blocks of a
+   running step (as AsyncLLM does; only a policy with layer preemption polls there), the driver adds
+   every request whose arrival time has passed. TTFT and e2e count from the trace's arrival time. Batch
+   throughput = tokens (prompt + output) of finished batch requests / (last batch finish - first batch
+   arrival); every batch request must finish for the ratio to compare like with like (a run is cut off,
+   and says so, after RUN_CAP x the trace's duration).
 
 realtime_ttft_p99_ratio = adaptive real-time TTFT p99 / idle TTFT p99 of the same requests (target <= 2.0),
 over the real-time requests, pooled over rounds, that arrived before the run's last batch finish (later ones

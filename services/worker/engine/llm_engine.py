@@ -178,8 +178,7 @@ class LLMEngine(KVPoolResizing):
                 interrupts.deliver(urgent)
             else:
                 outputs += urgent
-        lane = interrupts is not None and self.scheduler.policy.preempts_between_layers
-        batch = self.scheduler.schedule(decode_lane=lane)
+        batch = self.scheduler.schedule()
         if batch is None:
             return outputs
         for seq, error in batch.rejected:
@@ -187,7 +186,9 @@ class LLMEngine(KVPoolResizing):
             self._forget(seq.request_id)
             outputs.append(make_output(seq, [], "", error))
         if batch.seqs:
-            between = self._between_layers(interrupts, batch, None) if lane and interrupts else None
+            between = None
+            if interrupts is not None and self.scheduler.policy.preempts_between_layers:
+                between = self._between_layers(interrupts, None)
             outputs += self._run(batch, between)
         return outputs
 
@@ -203,7 +204,7 @@ class LLMEngine(KVPoolResizing):
         # what this shape costs, not what happened to run inside it.
         seconds = time.perf_counter() - started - (self._nested_s - nested_before)
         self.scheduler.observe_step(batch, seconds)
-        self.scheduler.update(batch, sampled, time.monotonic())
+        self.scheduler.update(batch, sampled)
         stats.steps += 1
         stats.preemptions += len(batch.preempted)
         for seq in batch.preempted:
@@ -220,27 +221,17 @@ class LLMEngine(KVPoolResizing):
         return outputs
 
     def _run_urgent(
-        self,
-        interrupts: StepInterrupts | None,
-        executing: ScheduledBatch | None = None,
-        outranking: ScheduledBatch | None = None,
+        self, interrupts: StepInterrupts | None, outranking: ScheduledBatch | None = None
     ) -> list[RequestOutput]:
-        """Run, in a step of their own, the latency-class prompts that fit now (and outrank everything in
-        `outranking`, the urgent batch this one would interrupt), with the decode lane's sequences
-        (not computing in `executing`) when one is due; their outputs. An urgent step may itself be
-        interrupted, once: by prompts that outrank all of its own (chat prompts during agent ones)."""
-        # Only the prompts of an interrupted urgent step count: its decodes are passengers.
-        prompts = [seq for seq in outranking.seqs if seq.num_output_tokens == 0] if outranking else None
-        batch = self.scheduler.schedule_urgent(
-            outranking=prompts,
-            executing=executing,
-            decode_lane=interrupts is not None,
-        )
+        """Run the latency-class prompts that fit now (and outrank everything in `outranking`, the urgent
+        batch this one would interrupt) in a step of their own; their outputs. An urgent step may itself
+        be interrupted, once: by prompts that outrank all of its own (chat prompts during agent ones)."""
+        batch = self.scheduler.schedule_urgent(outranking=outranking.seqs if outranking else None)
         if batch is None:
             return []
         between = None
         if interrupts is not None and outranking is None:
-            between = self._between_layers(interrupts, executing, batch)
+            between = self._between_layers(interrupts, batch)
         started = time.perf_counter()
         outputs = self._run(batch, between)
         self._nested_s += time.perf_counter() - started
@@ -248,15 +239,14 @@ class LLMEngine(KVPoolResizing):
         return outputs
 
     def _between_layers(
-        self, interrupts: StepInterrupts, executing: ScheduledBatch | None, urgent: ScheduledBatch | None
+        self, interrupts: StepInterrupts, executing: ScheduledBatch | None
     ) -> Callable[[], None]:
-        """The hook run between the blocks of a step: take arrivals, run urgent work nested.
-        executing: the ordinary batch that is running; urgent: the urgent batch being interrupted, if
-        it is one (then only prompts that outrank all of it may run)."""
+        """The hook run between the blocks of a step: take arrivals, run urgent prompts nested.
+        executing: the urgent batch being interrupted (None: an ordinary step, any urgent prompt may)."""
 
         def between_layers() -> None:
             interrupts.poll()
-            outputs = self._run_urgent(interrupts, executing, urgent)
+            outputs = self._run_urgent(interrupts, executing)
             if outputs:
                 interrupts.deliver(outputs)
 

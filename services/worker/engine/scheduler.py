@@ -190,30 +190,22 @@ class Scheduler:
             self._running.remove(seq)
         self._release(seq, reason)
 
-    def schedule(self, now: float | None = None, decode_lane: bool = False) -> ScheduledBatch | None:
+    def schedule(self, now: float | None = None) -> ScheduledBatch | None:
         """Build this step's batch; None if there is nothing to compute and nobody to refuse.
 
         now: time.monotonic() (a parameter so tests can drive queue timeouts and SLO slack).
-        decode_lane: the engine will call schedule_urgent between this batch's blocks, so latency-class
-        decodes that this step would delay past their inter-token target are left out of it (they get
-        urgent steps meanwhile) and do not cap its budget; they ride along when the step is short.
         """
         now = time.monotonic() if now is None else now
         batch = ScheduledBatch()
         if now >= self._next_expiry:
             self._next_expiry = now + self.EXPIRY_INTERVAL_S
             self._expire(now, batch)
-        decode_lane = decode_lane and self.policy.preempts_between_layers
-        batch.budget = self.policy.choose_budget(now, self._running, self._waiting, decode_lane)
-        self._fill(batch, batch.budget, now, decode_lane)
+        batch.budget = self.policy.choose_budget(now, self._running, self._waiting)
+        self._fill(batch, batch.budget, now)
         return batch if batch.seqs or batch.rejected else None
 
     def schedule_urgent(
-        self,
-        now: float | None = None,
-        outranking: list[Sequence] | None = None,
-        executing: ScheduledBatch | None = None,
-        decode_lane: bool = False,
+        self, now: float | None = None, outranking: list[Sequence] | None = None
     ) -> ScheduledBatch | None:
         """A batch of the latency-class requests heading the queue that fit into free seats and blocks
         now (with their expected growth, and the watermark kept), up to the step budget; None when there
@@ -222,38 +214,10 @@ class Scheduler:
         batch's layers). A prompt longer than the budget gets its first chunk; the rest continues in
         ordinary steps. Only the head's priority level is taken. outranking: only requests that outrank
         every one of these (a chat prompt may interrupt an urgent step of agent prompts, not another
-        chat's).
-
-        decode_lane (see schedule; only when outranking is None): latency-class decodes left out of
-        `executing` (the batch this urgent step would run inside; None between steps) get an urgent
-        step once one of them is due by its inter-token target, all of them together (one more token
-        each costs little in a step that streams the weights anyway); with prompts, only the due ones
-        ride along, so that the first tokens are not slowed down."""
+        chat's)."""
         policy = self.policy
         if not policy.preempts_between_layers:
             return None
-        now = time.monotonic() if now is None else now
-        prompts = self._urgent_prompts(now, outranking)
-        decodes = self._urgent_decodes(executing) if decode_lane and outranking is None else []
-        due = [seq for seq in decodes if policy.decode_is_due(seq, now)]
-        if prompts.seqs:
-            decodes = due  # passengers slow a first token down: only those that cannot wait
-        elif not due:
-            return None
-        for seq in decodes:
-            if self.block_manager.allocate(seq, 1):
-                prompts.add(seq, 1)
-        return prompts if prompts.seqs else None
-
-    def _urgent_decodes(self, executing: ScheduledBatch | None) -> list[Sequence]:
-        """Running latency-class decodes not computing in `executing`."""
-        busy = {id(seq) for seq in executing.seqs} if executing is not None else set()
-        return [seq for seq in self._running if id(seq) not in busy and self._lane_decode(seq)]
-
-    def _urgent_prompts(self, now: float, outranking: list[Sequence] | None) -> ScheduledBatch:
-        """The prompt part of schedule_urgent (possibly empty)."""
-        policy = self.policy
-        batch = ScheduledBatch(budget=self.config.max_num_batched_tokens)
         head = self._waiting.peek()
 
         def eligible(head: Sequence | None) -> bool:
@@ -262,12 +226,14 @@ class Scheduler:
             return outranking is None or all(policy.outranks(head, s) for s in outranking)
 
         if not eligible(head):
-            return batch
+            return None
         assert head is not None
         # One priority level per urgent step: a chat prompt's first token must not wait for an agent's
         # long prompt that happened to arrive with it (that one gets the next urgent step).
         level = head.priority
+        now = time.monotonic() if now is None else now
         bm = self.block_manager
+        batch = ScheduledBatch(budget=self.config.max_num_batched_tokens)
         budget = batch.budget
         while eligible(head) and budget > 0:
             assert head is not None
@@ -289,15 +255,13 @@ class Scheduler:
             batch.add(head, n)
             budget -= n
             head = self._waiting.peek()
-        return batch
+        return batch if batch.seqs else None
 
     def observe_step(self, batch: ScheduledBatch, seconds: float) -> None:
         """The model computed batch in seconds; feeds the budget controller's step-time model."""
         self.policy.observe_step(batch.total_tokens, len(batch.seqs), seconds)
 
-    def update(
-        self, batch: ScheduledBatch, sampled: list[int | None], now: float | None = None
-    ) -> list[Sequence]:
+    def update(self, batch: ScheduledBatch, sampled: list[int | None]) -> list[Sequence]:
         """Apply a finished step: advance progress, cache full blocks, append samples, stop; returns finished.
 
         sampled[i] is the token drawn for batch.seqs[i], or None; it is ignored unless will_sample[i]
@@ -307,7 +271,6 @@ class Scheduler:
             raise ValueError(f"got {len(sampled)} samples for {len(batch.seqs)} sequences")
         bm = self.block_manager
         policy = self.policy
-        now = time.monotonic() if now is None else now
         finished: list[Sequence] = []
         rows = zip(batch.seqs, batch.num_tokens, batch.will_sample, sampled, strict=True)
         for seq, n, sample, token in rows:
@@ -319,7 +282,6 @@ class Scheduler:
             if not sample or token is None:
                 continue
             seq.token_ids.append(token)
-            seq.last_token_time = now
             reason = check_stop(seq, self._max_len)
             if reason is not None:
                 del self._by_id[seq.request_id]
@@ -330,19 +292,17 @@ class Scheduler:
             self._running = [s for s in self._running if s.status is SequenceStatus.RUNNING]
         return finished
 
-    def _fill(self, batch: ScheduledBatch, budget: int, now: float, decode_lane: bool = False) -> None:
+    def _fill(self, batch: ScheduledBatch, budget: int, now: float) -> None:
         """Spend budget in rank order over running sequences and waiting heads.
 
-        running[:i] are served (or, with decode_lane, set aside in `lane`), running[end:] were preempted
-        during this call; admitted ones wait in `new` and join the running set (in rank order) at the
-        end, so indices stay valid meanwhile.
+        running[:i] are served, running[end:] were preempted during this call; admitted ones wait in
+        `new` and join the running set (in rank order) at the end, so indices stay valid meanwhile.
         """
         bm = self.block_manager
         policy = self.policy
         running = self._running
         waiting = self._waiting
         new: list[Sequence] = []
-        lane: list[Sequence] = []
         end = len(running)
         i = 0
         can_admit = True
@@ -367,10 +327,6 @@ class Scheduler:
                 continue
             if seq is None:
                 break
-            if decode_lane and self._lane_decode(seq):
-                lane.append(seq)  # decided below, once the step's size is known
-                i += 1
-                continue
             n = min(seq.num_tokens - seq.num_computed_tokens, budget)
             if n <= 0:
                 i += 1  # nothing to compute until a token is appended; never happens with a sane runner
@@ -391,29 +347,6 @@ class Scheduler:
             del running[end:]
         for seq in new:
             bisect.insort(running, seq, key=policy.running_key)
-        if lane:
-            self._ride_along(batch, lane, now)
-
-    def _lane_decode(self, seq: Sequence) -> bool:
-        """A running latency-class sequence with one token to compute and an inter-token target."""
-        return (
-            seq.num_tokens - seq.num_computed_tokens == 1
-            and self.policy.is_latency(seq)
-            and self.policy.itl_deadline(seq) is not None
-        )
-
-    def _ride_along(self, batch: ScheduledBatch, lane: list[Sequence], now: float) -> None:
-        """Add the set-aside latency decodes to the batch if it is predicted to end before their
-        inter-token deadlines (or holds nothing else); otherwise they wait for urgent steps."""
-        predicted = self.policy.budget.model.estimate(
-            batch.total_tokens + len(lane), len(batch.seqs) + len(lane)
-        )
-        deadline = min(d for seq in lane if (d := self.policy.itl_deadline(seq)) is not None)
-        if batch.seqs and predicted is not None and now + predicted > deadline:
-            return
-        for seq in lane:
-            if self.block_manager.allocate(seq, 1):
-                batch.add(seq, 1)
 
     def _admit(
         self, head: Sequence, batch: ScheduledBatch, budget: int, i: int, end: int, num_new: int

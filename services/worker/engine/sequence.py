@@ -37,7 +37,6 @@ class Sequence:
         "finish_reason",
         "first_scheduled_time",
         "hints",
-        "last_token_time",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
@@ -65,7 +64,6 @@ class Sequence:
         self.eos_token_ids = eos_token_ids
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None  # monotonic; when it first left the queue
-        self.last_token_time: float | None = None  # monotonic; when its latest token was sampled
         self.hints = hints
         self.priority = 0  # the scheduler's policy sets the level at add(); 0 is served first
         self.admit_no = 0  # order of the latest admission; the most recent is preempted first

@@ -15,24 +15,13 @@ from services.worker.engine.async_llm import AsyncLLM, _Abort, _Add
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.outputs import RequestOutput
-from services.worker.engine.policy.classes import PolicyConfig, PolicyName, SchedulingHints
+from services.worker.engine.policy.classes import PolicyName, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine.scheduler import Scheduler
-from services.worker.engine.sequence import Sequence, SequenceStatus
+from services.worker.engine.sequence import SequenceStatus
 from services.worker.engine.step_interrupts import StepInterrupts
 from services.worker.server.metrics import WorkerMetrics
 from tests.worker.engine.reference import mixed_prompts
-from tests.worker.engine.test_policy_scheduler import (
-    AGENT,
-    BATCH,
-    RT,
-    T0,
-    TOKEN,
-    classes_with,
-    ids,
-    scheduler,
-    seq,
-)
+from tests.worker.engine.test_policy_scheduler import AGENT, BATCH, RT, T0, ids, scheduler, seq
 
 DOCS = SchedulingHints(workload=WorkloadClass.BATCH, tenant="docs")
 CHAT = SchedulingHints(workload=WorkloadClass.REALTIME_CHAT, tenant="app")
@@ -178,87 +167,3 @@ def test_an_urgent_step_is_interrupted_only_by_prompts_that_outrank_all_of_it() 
     sched.add(seq("chat", RT, prompt=8))
     chats = sched.schedule_urgent(T0, outranking=agents.seqs)
     assert chats is not None and ids(chats.seqs) == ["chat"]
-
-
-def _lane_scheduler() -> Scheduler:
-    """Adaptive, chat with a 50 ms inter-token target, and steps measured: 10 ms for up to 8 tokens,
-    100 ms for 256 (so a wide step would make a chat stream wait past its target)."""
-    classes = classes_with(RT, ttft_slo_s=0.2, itl_slo_s=0.05)
-    sched = scheduler(num_blocks=256, block_size=4, budget=256, classes=classes)
-    for tokens, seconds in {1: 0.01, 8: 0.01, 256: 0.1}.items():
-        for seqs in (1, 2, 4, 8):
-            sched.policy.budget.model.observe(tokens, seqs, seconds)
-    return sched
-
-
-def _decoding_chat(sched: Scheduler, now: float) -> Sequence:
-    """A chat request past its first token (sampled at `now`), with one token to compute."""
-    sched.add(seq("chat", RT, prompt=8, max_tokens=50))
-    first = sched.schedule_urgent(now)
-    assert first is not None
-    sched.update(first, [TOKEN], now)
-    return first.seqs[0]
-
-
-def test_a_wide_step_leaves_a_chat_decode_out_and_an_urgent_step_takes_it_when_due() -> None:
-    sched = _lane_scheduler()
-    chat = _decoding_chat(sched, T0)
-    sched.add(seq("doc", BATCH, prompt=400))
-    wide = sched.schedule(T0, decode_lane=True)
-    assert wide is not None and ids(wide.seqs) == ["doc"] and wide.total_tokens == 256
-    assert chat.status is SequenceStatus.RUNNING and chat.num_tokens - chat.num_computed_tokens == 1
-    assert sched.schedule_urgent(T0 + 0.01, executing=wide, decode_lane=True) is None  # not due yet
-    due = sched.schedule_urgent(T0 + 0.03, executing=wide, decode_lane=True)  # past half of 50 ms
-    assert due is not None and ids(due.seqs) == ["chat"] and due.num_tokens == [1]
-
-
-def test_a_chat_decode_rides_along_in_a_short_step_and_without_a_lane() -> None:
-    sched = _lane_scheduler()
-    _decoding_chat(sched, T0)
-    short = sched.schedule(T0, decode_lane=True)  # nothing else to run: a 10 ms step meets the target
-    assert short is not None and ids(short.seqs) == ["chat"]
-    sched.update(short, [TOKEN], T0 + 0.01)
-    sched.add(seq("doc", BATCH, prompt=400))
-    plain = sched.schedule(T0 + 0.01)  # no lane: the decode rides along and caps the budget instead
-    assert plain is not None and "chat" in ids(plain.seqs) and plain.budget < 256
-
-
-def test_a_decode_computing_in_the_running_step_is_never_taken_again() -> None:
-    sched = _lane_scheduler()
-    _decoding_chat(sched, T0)
-    step = sched.schedule(T0, decode_lane=True)
-    assert step is not None and ids(step.seqs) == ["chat"]
-    assert sched.schedule_urgent(T0 + 0.04, executing=step, decode_lane=True) is None
-
-
-def test_chat_decodes_run_between_the_blocks_of_wide_steps_and_no_output_changes(llama_gqa_dir: Path) -> None:
-    # An inter-token target no step can meet: the chat's decodes never ride in a step with the documents.
-    policy = PolicyConfig(classes=classes_with(RT, ttft_slo_s=0.2, itl_slo_s=1e-4))
-    config = EngineConfig(max_num_seqs=8, max_num_batched_tokens=256, policy=policy)
-    documents = mixed_prompts(3, vocab=512, seed=44, lengths=[200, 260])
-    chat_prompt = mixed_prompts(1, vocab=512, seed=45, lengths=[16])[0]
-
-    def start(engine: LLMEngine) -> None:
-        engine.add_request("chat", chat_prompt, GREEDY, detokenize=False, hints=CHAT)
-        for i, prompt in enumerate(documents):
-            engine.add_request(f"doc-{i}", prompt, GREEDY, detokenize=False, hints=DOCS)
-
-    alone = LLMEngine(llama_gqa_dir, config)
-    start(alone)
-    expected: dict[str, list[int]] = {}
-    _run_to_end(alone, expected)  # no interrupts: no lane, the decodes ride along
-
-    engine = LLMEngine(llama_gqa_dir, config)
-    start(engine)
-    tokens: dict[str, list[int]] = {}
-    delivered: list[RequestOutput] = []
-    interrupts = StepInterrupts(poll=lambda: None, deliver=delivered.extend)
-    for _ in range(500):
-        if not engine.has_unfinished_requests():
-            break
-        _collect(engine.step(interrupts), tokens)
-    _collect(delivered, tokens)
-    assert tokens == expected
-    chat_mid_step = [o for o in delivered if o.request_id == "chat"]
-    assert len(chat_mid_step) >= GREEDY.max_tokens - 1  # its decodes ran nested, not in the wide steps
-    assert engine.block_manager.num_used_blocks == 0

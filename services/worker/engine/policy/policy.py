@@ -21,9 +21,6 @@ from services.worker.engine.policy.waiting import FifoQueue, PriorityQueue, Wait
 from services.worker.engine.sequence import Sequence
 
 _RATE_EWMA = 0.1
-# A latency decode left out of a long step is due for an urgent step once this share of its inter-token
-# target has passed: the next checkpoint and the urgent step itself take the rest.
-_DUE_FRACTION = 0.5
 _MIN_RETRY_S = 0.05
 _MAX_RETRY_S = 60.0
 
@@ -122,38 +119,16 @@ class SchedulingPolicy:
         old = self._tokens_per_s
         self._tokens_per_s = rate if old is None else old + _RATE_EWMA * (rate - old)
 
-    def itl_deadline(self, seq: Sequence) -> float | None:
-        """When seq's next token is due by its class's inter-token target; None without one (or before
-        its first token)."""
-        itl = self.class_of(seq).itl_slo_s if self.adaptive else None
-        if itl is None or seq.last_token_time is None:
-            return None
-        return seq.last_token_time + itl
-
-    def decode_is_due(self, seq: Sequence, now: float) -> bool:
-        """True once half of seq's inter-token target has passed since its last token: time to give it
-        an urgent decode step at the next chance (checkpoints come a fraction of a step apart)."""
-        deadline = self.itl_deadline(seq)
-        if deadline is None:
-            return False
-        itl = self.class_of(seq).itl_slo_s
-        assert itl is not None
-        return now >= deadline - itl * _DUE_FRACTION
-
-    def choose_budget(
-        self, now: float, running: Iterable[Sequence], waiting: WaitingQueue, decode_lane: bool = False
-    ) -> int:
+    def choose_budget(self, now: float, running: Iterable[Sequence], waiting: WaitingQueue) -> int:
         """This step's token budget: the tightest latency target in play decides how long a step may
-        take; the latency work's own tokens are never cut. fifo: always the configured maximum.
-        decode_lane: latency-class decodes that this step would delay past their inter-token target are
-        left out of it and get urgent steps between its blocks instead, so they do not cap it."""
+        take; the latency work's own tokens are never cut. fifo: always the configured maximum."""
         if not self.adaptive:
             return self.budget.maximum
         needs = _StepNeeds()
         num_seqs = 0
         for seq in running:
             num_seqs += 1
-            if self.is_latency(seq) and not (decode_lane and seq.num_output_tokens > 0):
+            if self.is_latency(seq):
                 self._add_need(seq, now, needs)
         for level in self._latency_levels:
             for seq in waiting.level(level):
