@@ -164,8 +164,9 @@ class LLMEngine(KVPoolResizing):
 
         Under a policy with layer preemption, latency-class prompts already waiting first get a step of
         their own (before the batch step, which then keeps its size). With interrupts, the step also
-        polls for arrivals between its layers and runs those prompts at once, nested, handing their
-        outputs to interrupts.deliver; without, they are returned with this step's."""
+        polls for arrivals between its blocks (see LlamaForCausalLM.forward) and runs those prompts at
+        once, nested, handing their outputs to interrupts.deliver; without, they are returned with this
+        step's."""
         self._check_resident()
         outputs: list[RequestOutput] = []
         # Again while prompts keep arriving during the urgent steps themselves (bounded: batch work must
@@ -232,9 +233,11 @@ class LLMEngine(KVPoolResizing):
         between = None
         if interrupts is not None and outranking is None:
             between = self._between_layers(interrupts, batch)
+        nested_before = self._nested_s
         started = time.perf_counter()
         outputs = self._run(batch, between)
-        self._nested_s += time.perf_counter() - started
+        # Set, not added to: steps nested inside this one counted themselves already, and are part of it.
+        self._nested_s = nested_before + time.perf_counter() - started
         self.stats.urgent_steps += 1
         return outputs
 
