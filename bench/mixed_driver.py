@@ -15,7 +15,7 @@ from services.worker.engine import LLMEngine, SamplingParams
 from services.worker.engine.errors import AdmissionError
 from services.worker.engine.outputs import RequestOutput
 from services.worker.engine.policy.classes import SchedulingHints
-from services.worker.engine.scheduler import ScheduledBatch
+from services.worker.engine.scheduled_batch import ScheduledBatch
 from services.worker.engine.step_interrupts import StepInterrupts
 
 LATENCY = frozenset({WorkloadClass.REALTIME_CHAT, WorkloadClass.AGENT_TOOL})

@@ -25,7 +25,9 @@ from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.outputs import RequestOutput, TextState, make_output
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from services.worker.engine.scheduled_batch import ScheduledBatch
+from services.worker.engine.scheduler import Scheduler
+from services.worker.engine.scheduler_config import SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence
 from services.worker.engine.step_interrupts import StepInterrupts
 from services.worker.memory.errors import ModelBusyError, ModelEvictedError

@@ -9,7 +9,7 @@ import torch
 
 from services.worker.engine.kv_cache import KVCaches, KVCacheSpec
 from services.worker.engine.sampler import Sampler
-from services.worker.engine.scheduler import ScheduledBatch
+from services.worker.engine.scheduled_batch import ScheduledBatch
 from services.worker.models.paged_attention import (
     AttentionMetadata,
     DecodeGroup,

@@ -26,64 +26,15 @@ import bisect
 import itertools
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 
 from services.common.workload import WorkloadClass
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.errors import AdmissionError, InvalidRequestError
-from services.worker.engine.policy.classes import PolicyConfig
 from services.worker.engine.policy.policy import make_policy
+from services.worker.engine.scheduled_batch import ScheduledBatch
+from services.worker.engine.scheduler_config import SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence, SequenceStatus
 from services.worker.engine.stopping import check_stop
-
-
-@dataclass(frozen=True, kw_only=True)
-class SchedulerConfig:
-    """Per-step limits. watermark: fraction of blocks left free when admitting new work, so a fresh
-    admission does not force a preemption on the very next decode step. max_num_batched_tokens is
-    the largest budget a step may get; the policy picks each step's budget up to it.
-    policy: None means adaptive with DESIGN.md's class defaults."""
-
-    max_model_len: int
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    watermark: float = 0.01
-    policy: PolicyConfig | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if self.max_num_seqs < 1:
-            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
-        if self.max_num_batched_tokens < 1:
-            raise ValueError(f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}")
-        if not 0.0 <= self.watermark < 1.0:
-            raise ValueError(f"watermark must be in [0, 1), got {self.watermark}")
-
-
-@dataclass
-class ScheduledBatch:
-    """One step's work: seqs[i] computes num_tokens[i] tokens starting at its num_computed_tokens.
-
-    will_sample[i] is True when that chunk reaches the end of seqs[i]'s tokens, i.e. the model must
-    sample a token for it; fixed when the batch is built, so it stays valid while update() runs.
-    """
-
-    seqs: list[Sequence] = field(default_factory=list)
-    num_tokens: list[int] = field(default_factory=list)
-    will_sample: list[bool] = field(default_factory=list)
-    preempted: list[Sequence] = field(default_factory=list)  # preempted while building this batch
-    # Never-scheduled requests that waited past their class's queue timeout, with the error to send.
-    rejected: list[tuple[Sequence, AdmissionError]] = field(default_factory=list)
-    total_tokens: int = 0
-    budget: int = 0  # the token budget the policy chose for this step
-
-    def add(self, seq: Sequence, n: int) -> None:
-        """Append seq computing n >= 1 tokens this step."""
-        self.seqs.append(seq)
-        self.num_tokens.append(n)
-        self.will_sample.append(seq.num_computed_tokens + n == seq.num_tokens)
-        self.total_tokens += n
 
 
 class Scheduler:

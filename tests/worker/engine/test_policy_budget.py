@@ -8,7 +8,8 @@ import pytest
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.policy.budget import BudgetController, StepTimeModel
 from services.worker.engine.policy.classes import PolicyConfig
-from services.worker.engine.scheduler import Scheduler, SchedulerConfig
+from services.worker.engine.scheduler import Scheduler
+from services.worker.engine.scheduler_config import SchedulerConfig
 from tests.worker.engine.test_policy_scheduler import AGENT, BATCH, RT, T0, classes_with, ids, seq, step
 
 # Measured on a made-up engine: bigger steps are more efficient per token, but longer.

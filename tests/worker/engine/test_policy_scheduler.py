@@ -18,7 +18,9 @@ from services.worker.engine.policy.classes import (
     SchedulingHints,
 )
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from services.worker.engine.scheduled_batch import ScheduledBatch
+from services.worker.engine.scheduler import Scheduler
+from services.worker.engine.scheduler_config import SchedulerConfig
 from services.worker.engine.sequence import Sequence, SequenceStatus
 
 RT, AGENT, BATCH, ANY = (

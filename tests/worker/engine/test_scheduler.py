@@ -13,7 +13,9 @@ from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.errors import InvalidRequestError
 from services.worker.engine.policy.classes import PolicyConfig, PolicyName
 from services.worker.engine.sampling_params import SamplingParams
-from services.worker.engine.scheduler import ScheduledBatch, Scheduler, SchedulerConfig
+from services.worker.engine.scheduled_batch import ScheduledBatch
+from services.worker.engine.scheduler import Scheduler
+from services.worker.engine.scheduler_config import SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence, SequenceStatus
 
 TOKEN = 7  # what the fake model always samples; also an EOS id, so ignore_eos is exercised
