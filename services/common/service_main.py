@@ -10,6 +10,8 @@ import signal
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
+from services.common.parent_death import die_with_launcher
+
 
 class Service(Protocol):
     async def start(self) -> None: ...
@@ -43,6 +45,7 @@ async def serve(make_app: Callable[[], S], ready_line: Callable[[S], str]) -> No
 
 def run(make_app: Callable[[], S], ready_line: Callable[[S], str]) -> None:
     """Entry point body of a service's __main__."""
+    die_with_launcher()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Every streamed message allocates a few container objects; at the default threshold (700) the young
     # generation was collected every few requests, a tenth of the gateway's CPU. Cycles still get freed.

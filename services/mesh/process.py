@@ -5,7 +5,6 @@ services as real processes all start them here."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -14,24 +13,13 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from services.common.parent_death import launcher_env
+
 ROOT = Path(__file__).resolve().parents[2]  # repo root: children run `-m services.X` from here
-_PR_SET_PDEATHSIG = 1
 
 
 class ServiceStartError(RuntimeError):
     """A service exited or stayed silent before its READY line; the message carries its log tail."""
-
-
-# Looked up in the parent: between fork and exec the child should only make the one libc call.
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform == "linux" else None
-
-
-def _die_with_parent() -> None:
-    # Children run in their own session (so a terminal Ctrl-C reaches only the CLI, which then stops them
-    # in order); PDEATHSIG still takes them down if the CLI itself is SIGKILLed, so nothing is orphaned.
-    # Linux ties PDEATHSIG to the thread that forked: start children from a thread that outlives them.
-    if _PRCTL is not None:
-        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 class ChildProcess:
@@ -51,12 +39,14 @@ class ChildProcess:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", module],
                 cwd=ROOT,
-                env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
+                env={**os.environ, **env, "PYTHONUNBUFFERED": "1", **launcher_env()},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
+                # Own session: a terminal Ctrl-C reaches only the CLI, which then stops children in order.
+                # They still die with the CLI if it is SIGKILLed (parent_death). Linux ties that to the
+                # thread that started them: start children from a thread that outlives them.
                 start_new_session=True,
-                preexec_fn=_die_with_parent,
             )
 
     @property

@@ -8,6 +8,7 @@ import logging
 import signal
 import sys
 
+from services.common.parent_death import die_with_launcher
 from services.telemetry.config import SettingsError, TelemetrySettings
 from services.telemetry.load_probe import PlacerLoadProbe
 from services.telemetry.simulated_source import SimulatedSource
@@ -54,6 +55,7 @@ async def serve(settings: TelemetrySettings) -> None:
 
 
 def main() -> int:
+    die_with_launcher()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = TelemetrySettings.from_env()
