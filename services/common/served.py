@@ -21,9 +21,12 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract
 
 from services.common.error_status import TYPED_ERRORS, status_for
+from services.common.tracing import local_span, records_spans
 
 # Raises an Unauthenticated (or other ServiceError) for a caller that may not call; sees the metadata.
 Authenticate = Callable[[Mapping[str, str]], None]
+
+_TRACEPARENT = "traceparent"  # W3C trace context header: a caller's trace to continue
 
 # Server-side span status per OpenTelemetry's RPC conventions: only these codes mark the span an error
 # (a caller's bad input or unknown model is the caller's problem, not the server's).
@@ -70,6 +73,7 @@ class _Call:
         self.full_method = full_method
         self.attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
         self.tracer = tracer
+        self.recording = records_spans(tracer)
         self.authenticate = authenticate
 
     def unary(self, behavior: Callable[[Any, grpc.aio.ServicerContext], Any]) -> Callable[..., Any]:
@@ -105,6 +109,8 @@ class _Call:
         return handler
 
     def _span(self, metadata: Mapping[str, str]) -> Any:
+        if not self.recording and _TRACEPARENT not in metadata:
+            return local_span(self.tracer, self.full_method)  # nothing to record or pass on: no span
         # record_exception/set_status off: _fail records exactly what the caller was told.
         return self.tracer.start_as_current_span(
             self.full_method,

@@ -70,6 +70,24 @@ def record_span(
 
 Metadata = tuple[tuple[str, str], ...]
 
+# What a span block gets where nothing is recorded: stateless, so one instance serves every call.
+_UNRECORDED = contextlib.nullcontext(trace.INVALID_SPAN)
+
+
+def records_spans(tracer: trace.Tracer) -> bool:
+    """False for the no-op tracer, whose spans nobody reads: hot paths skip making them."""
+    return not isinstance(tracer, trace.NoOpTracer)
+
+
+def local_span(
+    tracer: trace.Tracer, name: str, attributes: Mapping[str, str] | None = None
+) -> contextlib.AbstractContextManager[trace.Span]:
+    """start_as_current_span for a step inside one service. Under the no-op tracer no span is made at
+    all: a no-op span would only repeat its parent's context, which is current already."""
+    if not records_spans(tracer):
+        return _UNRECORDED
+    return tracer.start_as_current_span(name, attributes=attributes)
+
 
 @contextlib.contextmanager
 def client_call_span(
@@ -79,6 +97,9 @@ def client_call_span(
     names its spans, and the call's metadata with the W3C trace context injected. For hot paths: the
     instrumentation's interceptor goes through grpc.aio's interceptor machinery (an extra task and an
     iterator wrapper per call), which cost the gateway about 0.3 ms of time to first token."""
+    if not records_spans(tracer) and not trace.get_current_span().get_span_context().is_valid:
+        yield trace.INVALID_SPAN, tuple(metadata)  # no span and no caller's trace to pass on
+        return
     service, method = full_method.strip("/").split("/", 1)
     attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
     # Not made current: the caller may yield (stream) inside the block, and a context attached in one

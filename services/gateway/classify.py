@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable
 
 from hanzo.inference.v1 import inference_pb2
 from services.common.errors import InvalidArgument
@@ -22,8 +22,11 @@ _BATCH_MAX_TOKENS = 1024
 _AGENT_MAX_TOKENS = 64
 
 
-def classify_generate(request: inference_pb2.GenerateRequest, metadata: Mapping[str, str]) -> WorkloadClass:
-    """The class a Generate request is served as; InvalidArgument for an unknown class name in metadata."""
+def classify_generate(
+    request: inference_pb2.GenerateRequest, metadata: Iterable[tuple[str, str]] | None
+) -> WorkloadClass:
+    """The class a Generate request is served as; InvalidArgument for an unknown class name in metadata.
+    metadata: the call's invocation metadata as gRPC gives it (read only when the field is unset)."""
     if request.workload_class:
         try:
             explicit = WorkloadClass(request.workload_class)
@@ -34,7 +37,7 @@ def classify_generate(request: inference_pb2.GenerateRequest, metadata: Mapping[
                 "workload_class", "EMBEDDING is for Embed; Generate takes the other classes"
             )
         return explicit
-    named = metadata.get(METADATA_KEY)
+    named = next((value for key, value in metadata or () if key == METADATA_KEY), None)
     if named:
         return _from_name(named)
     return _heuristic(request)

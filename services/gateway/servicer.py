@@ -22,7 +22,7 @@ from services.common.errors import (
     Unavailable,
     split_retry_hint,
 )
-from services.common.tracing import client_call_span, record_rpc_error
+from services.common.tracing import client_call_span, local_span, record_rpc_error
 from services.common.workload import WorkloadClass
 from services.gateway.classify import classify_generate
 from services.gateway.config import GatewaySettings
@@ -58,17 +58,16 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         started = time.monotonic()  # TTFT as the caller sees it: validation and classification included
-        with self.tracer.start_as_current_span("classify") as span:
-            workload = classify_generate(request, dict(context.invocation_metadata() or ()))
+        with local_span(self.tracer, "classify") as span:
+            workload = classify_generate(request, context.invocation_metadata())
             span.set_attribute("hanzo.workload_class", workload.name)
         prompt = _validate_generate(request)
-        forwarded = inference_pb2.GenerateRequest()
-        forwarded.CopyFrom(request)
-        forwarded.workload_class = int(workload)
-        forwarded.request_id = request.request_id or uuid.uuid4().hex
+        # Forwarded as it came, with the class and id filled in: the message is this call's own.
+        request.workload_class = int(workload)
+        request.request_id = request.request_id or uuid.uuid4().hex
         trace.get_current_span().set_attributes(
             {"gen_ai.request.model": request.model, "hanzo.workload_class": workload.name,
-             "hanzo.request_id": forwarded.request_id}
+             "hanzo.request_id": request.request_id}
         )  # fmt: skip
         excluded: list[str] = []
         last_error: grpc.aio.AioRpcError | None = None
@@ -80,13 +79,13 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             tokens_sent = 0
             with client_call_span(self.tracer, _WORKER_GENERATE) as (span, metadata):
                 stub = self.upstream.worker(pick.address)
-                call = stub.Generate(forwarded, timeout=self._timeout(context), metadata=metadata)
+                call = stub.Generate(request, timeout=self._timeout(context), metadata=metadata)
                 try:
                     async for response in call:
                         if not sent_any:
                             response.node_id = response.node_id or pick.node_id
                             response.workload_class = int(workload)
-                            self.metrics.ttft.labels(workload.name).observe(time.monotonic() - started)
+                            self.metrics.ttft[workload].observe(time.monotonic() - started)
                         sent_any = True
                         tokens_sent += len(response.token_ids)
                         yield response
@@ -98,7 +97,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
                 finally:
                     call.cancel()  # a cancelled caller cancels the worker's stream, which frees its KV
             if error is None:
-                self.metrics.requests.labels("Generate", workload.name, "OK").inc()
+                self.metrics.generated[workload].inc()
                 return
             if sent_any:
                 self.metrics.requests.labels("Generate", workload.name, "UNAVAILABLE").inc()

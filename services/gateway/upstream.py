@@ -13,7 +13,7 @@ from opentelemetry.trace import TracerProvider
 
 from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc, worker_pb2_grpc
 from services.common.errors import NotFound, ServiceError, Unavailable
-from services.common.tracing import client_interceptors
+from services.common.tracing import client_interceptors, local_span
 from services.common.workload import WorkloadClass
 from services.placer.pick.query import PickQuery
 from services.placer.replica import PlacerReplica
@@ -93,7 +93,7 @@ class Upstream:
                 now_s=time.time(),
                 explain_top=0,  # nobody reads the runners-up here
             )
-            with self._tracer.start_as_current_span("pick", attributes={"hanzo.placement": "embedded"}):
+            with local_span(self._tracer, "pick", {"hanzo.placement": "embedded"}):
                 chosen = self.local.choose(query)  # raises NotFound / Unavailable itself
             return Placement(chosen.node_id, chosen.address)
         request = placer_pb2.PickRequest(

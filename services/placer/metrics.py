@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from services.common.workload import WorkloadClass
+
 
 class PlacerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -15,6 +17,8 @@ class PlacerMetrics:
             ["workload_class", "outcome"],
             registry=self.registry,
         )
+        # Children resolved once (picks run per request; labels() is a locked dict lookup each time).
+        self.picked = {w: self.picks.labels(w.name, "picked") for w in WorkloadClass}
         self.pick_seconds = Histogram(
             "hanzo_placer_pick_seconds",
             "Time to decide one pick (filters + scorers), in-process",

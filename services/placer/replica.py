@@ -98,13 +98,12 @@ class PlacerReplica:
         result = self.picker.pick(view.snapshot, query)
         self.metrics.pick_seconds.observe(time.perf_counter() - start)
         self.demand.record(query.model)
-        workload = query.workload_class.name
         if result is None:
-            self.metrics.picks.labels(workload, "none").inc()
+            self.metrics.picks.labels(query.workload_class.name, "none").inc()
             if view.snapshot.model_columns(query.model) is None:
                 raise NotFound(f"model {query.model!r} is not served by any worker in the cluster")
             raise Unavailable(f"no healthy worker can take model {query.model!r} now; retry shortly")
-        self.metrics.picks.labels(workload, "picked").inc()
+        self.metrics.picked[query.workload_class].inc()
         return result
 
     def list_nodes(self, node_ids: list[str]) -> placer_pb2.ListNodesReply:

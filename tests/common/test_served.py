@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc
 from services.common.errors import InvalidArgument, NotFound, Unauthenticated
 from services.common.served import serve_instrumented
-from services.common.tracing import make_tracer_provider
+from services.common.tracing import client_call_span, local_span, make_tracer_provider
 from tests.placer.cluster_helpers import eventually
 
 SERVICE = inference_pb2.DESCRIPTOR.services_by_name["Inference"]
@@ -161,3 +161,42 @@ def test_with_nothing_to_export_spans_are_not_recorded_but_the_context_passes_on
             carrier: dict[str, str] = {}
             inject(carrier)
     assert carrier["traceparent"] == traceparent  # the next hop continues the caller's trace
+
+
+class Forwarding(inference_pb2_grpc.InferenceServicer):
+    """Answers with the trace context it would send to the next hop (a gateway's path, untraced)."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self.tracer = tracer
+
+    async def Generate(
+        self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        if request.model == "typed":
+            raise InvalidArgument("model", "is unknown")
+        with local_span(self.tracer, "pick"), client_call_span(self.tracer, "/next/Hop") as (_, metadata):
+            yield inference_pb2.GenerateResponse(text=dict(metadata).get("traceparent", ""))
+
+
+@pytest.mark.parametrize("caller_traced", [True, False])
+async def test_untraced_service_passes_on_only_a_callers_trace(caller_traced: bool) -> None:
+    tracer = make_tracer_provider("quiet", environ={}).get_tracer("quiet")
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    server = grpc.aio.server()
+    servicer = Forwarding(tracer)
+    serve_instrumented(servicer, SERVICE, tracer)
+    inference_pb2_grpc.add_InferenceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = inference_pb2_grpc.InferenceStub(channel)
+            metadata = (("traceparent", traceparent),) if caller_traced else ()
+            call = stub.Generate(inference_pb2.GenerateRequest(model="m", prompt="x"), metadata=metadata)
+            sent_on = [r.text async for r in call]
+            assert sent_on == [traceparent if caller_traced else ""]
+            with pytest.raises(grpc.aio.AioRpcError) as failed:  # errors still map without a span
+                await _generate(stub, "typed", metadata)
+            assert failed.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    finally:
+        await server.stop(None)

@@ -71,6 +71,16 @@ class _Ranking(NamedTuple):
     considered: int  # candidates that passed every filter
     valid_from_s: float  # the ranking holds for now_s in [valid_from_s, valid_until_s): no candidate's
     valid_until_s: float  # heartbeat deadline passes in between
+    explained: dict[int, Candidate]  # leader index -> its Candidate, built on first use
+
+    def candidate(self, i: int, snapshot: ClusterSnapshot, scorer_names: list[str]) -> Candidate:
+        """Leader i as a Candidate; made once per ranking, since a memoized ranking is picked from again."""
+        made = self.explained.get(i)
+        if made is None:
+            node_id = snapshot.node_ids[int(self.rows[i])] or ""
+            scores = dict(zip(scorer_names, self.scores[:, i].tolist(), strict=True))
+            made = self.explained[i] = Candidate(node_id, float(self.totals[i]), scores)
+        return made
 
 
 _MemoKey = tuple[str, WorkloadClass, str, str, str, frozenset[str], int, int | None]
@@ -146,14 +156,7 @@ class Picker:
         self._remember(query.prefix_hash, node_id)
         names = [name for name, _, _ in self._plans[query.workload_class]]
         others = [i for i in range(min(runners_up + 1, ranking.rows.size)) if i != position]
-        candidates = [
-            Candidate(
-                snapshot.node_ids[int(ranking.rows[i])] or "",
-                float(ranking.totals[i]),
-                dict(zip(names, ranking.scores[:, i].tolist(), strict=True)),
-            )
-            for i in [position, *others[:runners_up]]
-        ]
+        candidates = [ranking.candidate(i, snapshot, names) for i in [position, *others[:runners_up]]]
         done = time.perf_counter_ns()
         result = PickResult(
             node_id=node_id,
@@ -223,7 +226,7 @@ class Picker:
         ranking = _Ranking(
             rows[leaders], totals[leaders], scores[:, leaders], ties, degraded, int(rows.size),
             valid_from_s=query.now_s,
-            valid_until_s=float(snapshot.deadline_s[rows].min()),
+            valid_until_s=float(snapshot.deadline_s[rows].min()), explained={},
         )  # fmt: skip
         if self._memo_capacity:
             if len(self._memo) >= self._memo_capacity:
