@@ -7,6 +7,7 @@ ever duplicated.
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -22,7 +23,7 @@ from services.common.errors import (
     Unavailable,
     split_retry_hint,
 )
-from services.common.tracing import client_call_span, local_span, record_rpc_error
+from services.common.tracing import client_call_span, local_span, record_rpc_error, records_spans
 from services.common.workload import WorkloadClass
 from services.gateway.classify import classify_generate
 from services.gateway.config import GatewaySettings
@@ -53,6 +54,11 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         self.upstream = upstream
         self.metrics = metrics
         self.tracer = tracer
+        self.recording = records_spans(tracer)
+        # Ids for requests that came without one: unique per gateway process (random prefix) and per
+        # request (counter), without a random draw each time.
+        self._id_prefix = uuid.uuid4().hex[:16]
+        self._ids = itertools.count()
 
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
@@ -64,11 +70,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
         prompt = _validate_generate(request)
         # Forwarded as it came, with the class and id filled in: the message is this call's own.
         request.workload_class = int(workload)
-        request.request_id = request.request_id or uuid.uuid4().hex
-        trace.get_current_span().set_attributes(
-            {"gen_ai.request.model": request.model, "hanzo.workload_class": workload.name,
-             "hanzo.request_id": request.request_id}
-        )  # fmt: skip
+        request.request_id = request.request_id or f"{self._id_prefix}-{next(self._ids):x}"
+        if self.recording:
+            trace.get_current_span().set_attributes(
+                {"gen_ai.request.model": request.model, "hanzo.workload_class": workload.name,
+                 "hanzo.request_id": request.request_id}
+            )  # fmt: skip
         excluded: list[str] = []
         last_error: grpc.aio.AioRpcError | None = None
         for attempt in range(self.settings.max_attempts):

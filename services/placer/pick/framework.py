@@ -63,11 +63,13 @@ class _Ranking(NamedTuple):
     """What a decision computes before its random tie-break, reusable until the snapshot changes: the
     leaders (the ties with the best first, then runners-up; see _leaders) and what explains them."""
 
-    rows: np.ndarray  # [L] snapshot row of each leader
+    # Per-leader values the chosen one is read from are Python lists: a memoized pick then makes no
+    # numpy call (each costs microseconds, tens of them when the process has just woken).
+    rows: list[int]  # [L] snapshot row of each leader
     totals: np.ndarray  # [L] weighted totals, less the last-resort penalty
     scores: np.ndarray  # [S, L] clamped scorer values
     ties: int  # the first `ties` leaders share the best total
-    degraded: np.ndarray  # [L] bool
+    degraded: list[bool]  # [L]
     considered: int  # candidates that passed every filter
     valid_from_s: float  # the ranking holds for now_s in [valid_from_s, valid_until_s): no candidate's
     valid_until_s: float  # heartbeat deadline passes in between
@@ -77,7 +79,7 @@ class _Ranking(NamedTuple):
         """Leader i as a Candidate; made once per ranking, since a memoized ranking is picked from again."""
         made = self.explained.get(i)
         if made is None:
-            node_id = snapshot.node_ids[int(self.rows[i])] or ""
+            node_id = snapshot.node_ids[self.rows[i]] or ""
             scores = dict(zip(scorer_names, self.scores[:, i].tolist(), strict=True))
             made = self.explained[i] = Candidate(node_id, float(self.totals[i]), scores)
         return made
@@ -124,6 +126,7 @@ class Picker:
                 if weight > 0:
                     plan.append((name, self._scorers[name], float(weight)))
             self._plans[workload_class] = tuple(plan)
+        self._plan_names = {w: [name for name, _, _ in plan] for w, plan in self._plans.items()}
         self._rng = rng if rng is not None else np.random.default_rng()
         self._uniforms: list[float] = []  # drawn from _rng in batches: one numpy call per tie-break is slow
         self._prefix_capacity = prefix_capacity
@@ -150,12 +153,12 @@ class Picker:
             return None
         runners_up = max(query.explain_top, 0)
         position = self._draw(ranking.ties) if ranking.ties > 1 else 0
-        row = int(ranking.rows[position])
+        row = ranking.rows[position]
         node_id = snapshot.node_ids[row]
         assert node_id is not None  # live rows always have an id
         self._remember(query.prefix_hash, node_id)
-        names = [name for name, _, _ in self._plans[query.workload_class]]
-        others = [i for i in range(min(runners_up + 1, ranking.rows.size)) if i != position]
+        names = self._plan_names[query.workload_class]
+        others = [i for i in range(min(runners_up + 1, len(ranking.rows))) if i != position]
         candidates = [ranking.candidate(i, snapshot, names) for i in [position, *others[:runners_up]]]
         done = time.perf_counter_ns()
         result = PickResult(
@@ -165,7 +168,7 @@ class Picker:
             total=candidates[0].total,
             considered=ranking.considered,
             candidates=candidates,
-            last_resort=bool(ranking.degraded[position]),
+            last_resort=ranking.degraded[position],
             rank_us=(ranked - start) / 1e3,
             choose_us=(done - ranked) / 1e3,
         )
@@ -224,7 +227,8 @@ class Picker:
         # Time changes the outcome only through the healthy filter: a candidate drops out when its
         # deadline passes, and no filtered-out node comes back while time moves forward.
         ranking = _Ranking(
-            rows[leaders], totals[leaders], scores[:, leaders], ties, degraded, int(rows.size),
+            rows[leaders].tolist(), totals[leaders], scores[:, leaders], ties, degraded.tolist(),
+            int(rows.size),
             valid_from_s=query.now_s,
             valid_until_s=float(snapshot.deadline_s[rows].min()), explained={},
         )  # fmt: skip
