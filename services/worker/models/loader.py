@@ -14,6 +14,7 @@ from services.worker.models.checkpoint import iter_safetensors
 from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
 from services.worker.models.errors import CheckpointError
 from services.worker.models.tokenizer import Tokenizer
+from services.worker.models.weight_order import column_major_on
 
 # config.json architecture -> (module, class). Imported on use so loading a BERT never imports the
 # decoder and vice versa. Keys must cover config.DECODER_ARCHITECTURES | ENCODER_ARCHITECTURES.
@@ -91,8 +92,9 @@ def load_model(
     model = build_on_meta(config, torch_dtype)
     if materialize is None:
         model = model.to_empty(device=device)
+        column_major_on(model, device)
     else:
-        materialize(model)
+        materialize(model)  # binding storage applies the weights' memory order itself (bind_to_arena)
     with torch.no_grad():
         model.load_weights(iter_safetensors(model_dir))
         # Non-persistent buffers (e.g. RoPE tables) are not in the checkpoint and were left
