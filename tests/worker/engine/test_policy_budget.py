@@ -27,7 +27,7 @@ def trained(model: StepTimeModel | None = None, seqs: int = 2) -> StepTimeModel:
     ("tokens", "seqs", "expected"),
     [
         (64, 2, 0.05),  # measured
-        (50, 2, 0.05),  # same power-of-two bucket
+        (50, 2, 0.02 + 0.03 * 34 / 48),  # interpolated between the sizes measured, 16 and 64
         (128, 2, 0.05 + 0.075 * 64 / 192),  # interpolated between 64 and 256
         (1024, 2, 0.4),  # past the largest: scaled by tokens, an overestimate
         (8, 2, 0.02),  # below the smallest: the smallest's time, an overestimate
@@ -54,8 +54,9 @@ def test_step_time_model_follows_a_change_without_jumping_on_one_sample() -> Non
     [
         (0.001, 10, 16),  # nothing meets it: the minimum (latency work is never cut)
         (0.2, 0, 512),
-        (0.13, 0, 256),
-        (0.1, 0, 128),
+        (0.125, 0, 256),
+        (0.13, 0, 272),  # between measured sizes: the largest multiple of the minimum that fits
+        (0.1, 0, 192),
         (0.05, 0, 64),
         (0.001, 0, 16),  # nothing meets it: the minimum
         (0.001, 300, 300),  # the latency work's own tokens are never cut
@@ -149,7 +150,7 @@ def test_waiting_realtime_request_caps_the_step_at_its_ttft_slack() -> None:
     step(sched)  # doc alone: the full budget
     sched.add(seq("chat", RT, prompt=10, arrival=T0))
     batch = sched.schedule(T0)
-    assert batch is not None and batch.budget == 128  # predicted 75 ms <= 100 ms of slack
+    assert batch is not None and batch.budget == 192  # predicted 100 ms: all of the 100 ms of slack
     assert batch.seqs[0].request_id == "chat"
     late = _scheduler(ttft_slo_s=0.1)
     late.add(seq("doc", BATCH, prompt=4000, max_tokens=4))

@@ -2,8 +2,9 @@
 
 StepTimeModel keeps an exponentially weighted mean of the measured step time per batch shape
 (tokens rounded up to a power of two, sequences rounded up to a power of two). BudgetController picks,
-each step, the largest budget whose predicted step time meets the tightest latency target in play,
-or, with only throughput work present, grows toward the budget with the best measured tokens/second.
+each step, the largest budget (in steps of its minimum) whose predicted step time meets the tightest
+latency target in play, or, with only throughput work present, grows toward the budget with the best
+measured tokens/second.
 """
 
 from __future__ import annotations
@@ -19,47 +20,52 @@ def _bucket(n: int) -> int:
 
 
 class StepTimeModel:
-    """Measured step seconds per (token bucket, sequence bucket)."""
+    """Measured step seconds per (token bucket, sequence bucket), and the mean token count of the steps
+    in each bucket, so estimates interpolate between the sizes actually run rather than bucket edges."""
 
     def __init__(self) -> None:
-        self._seconds: dict[tuple[int, int], float] = {}
+        self._points: dict[tuple[int, int], tuple[float, float]] = {}  # -> (mean tokens, mean seconds)
 
     def observe(self, num_tokens: int, num_seqs: int, seconds: float) -> None:
         """Record one step that computed num_tokens >= 1 tokens for num_seqs >= 1 sequences."""
         key = (_bucket(num_tokens), _bucket(num_seqs))
-        old = self._seconds.get(key)
-        self._seconds[key] = seconds if old is None else old + _EWMA * (seconds - old)
+        old = self._points.get(key)
+        if old is None:
+            self._points[key] = (float(num_tokens), seconds)
+        else:
+            tokens, mean = old
+            self._points[key] = (tokens + _EWMA * (num_tokens - tokens), mean + _EWMA * (seconds - mean))
 
     def estimate(self, num_tokens: int, num_seqs: int) -> float | None:
         """Predicted seconds for a step of that shape; None before the first observed step.
 
-        Between two measured token buckets it interpolates; past the largest it scales that one's time
-        by the token ratio, which overestimates (a step has fixed costs): the safe side for an SLO.
-        With nothing measured at this many sequences it borrows the nearest larger count (slower, so
-        again the safe side), else the nearest smaller one.
+        Between two measured sizes it interpolates linearly; past the largest it scales that one's time
+        by the token ratio, which overestimates (a step has fixed costs): the safe side for an SLO; below
+        the smallest it takes the smallest's time, again an overestimate. With nothing measured at this
+        many sequences it borrows the nearest larger count (slower, so again the safe side), else the
+        nearest smaller one.
         """
-        if not self._seconds:
+        if not self._points:
             return None
-        seq_buckets = {q for _, q in self._seconds}
+        seq_buckets = {q for _, q in self._points}
         wanted = _bucket(num_seqs)
         larger = [q for q in seq_buckets if q >= wanted]
         seq_bucket = min(larger) if larger else max(seq_buckets)
-        points = sorted((t, s) for (t, q), s in self._seconds.items() if q == seq_bucket)
-        tokens = _bucket(num_tokens)
-        below = [(t, s) for t, s in points if t <= tokens]
-        above = [(t, s) for t, s in points if t >= tokens]
+        points = sorted(point for (_, q), point in self._points.items() if q == seq_bucket)
+        below = [(t, s) for t, s in points if t <= num_tokens]
+        above = [(t, s) for t, s in points if t >= num_tokens]
         if below and above:
             (t0, s0), (t1, s1) = below[-1], above[0]
-            return s0 if t1 == t0 else s0 + (s1 - s0) * (tokens - t0) / (t1 - t0)
+            return s0 if t1 == t0 else s0 + (s1 - s0) * (num_tokens - t0) / (t1 - t0)
         if below:
             t0, s0 = below[-1]
-            return s0 * tokens / t0
+            return s0 * num_tokens / t0
         return above[0][1]
 
     def throughput(self, num_tokens: int, num_seqs: int) -> float | None:
-        """Measured tokens/second of that exact shape; None if never measured."""
-        seconds = self._seconds.get((_bucket(num_tokens), _bucket(num_seqs)))
-        return None if not seconds else _bucket(num_tokens) / seconds
+        """Measured tokens/second of steps in that shape's bucket; None if never measured."""
+        point = self._points.get((_bucket(num_tokens), _bucket(num_seqs)))
+        return None if point is None or not point[1] else point[0] / point[1]
 
 
 class BudgetController:
@@ -103,17 +109,26 @@ class BudgetController:
         return self.model.estimate(budget, min(budget, seqs))
 
     def _fit(self, target_s: float, seqs: int) -> int | None:
-        """The largest candidate predicted to finish within target_s; None when not even the smallest
-        is; the current budget while nothing is measured yet (keep it and measure)."""
-        fitting = None
-        for budget in self.candidates:
-            predicted = self._estimate(budget, seqs)
-            if predicted is None:
-                return self.current
-            if predicted > target_s:
-                break
-            fitting = budget
-        return fitting
+        """The largest budget, a multiple of the minimum (or the maximum), predicted to finish within
+        target_s; None when not even the minimum is; the current budget while nothing is measured yet
+        (keep it and measure). Powers of two alone would leave up to half the target unused: on a CPU,
+        where a step's time grows with every token, that is half the throughput work a step could do."""
+        shortest = self._estimate(self.minimum, seqs)
+        if shortest is None:
+            return self.current
+        if shortest > target_s:
+            return None
+        if self._estimate(self.maximum, seqs) <= target_s:  # type: ignore[operator]
+            return self.maximum
+        # Estimates grow with the budget: bisect on multiples of the minimum, low fits, high does not.
+        low, high = 1, self.maximum // self.minimum + 1
+        while high - low > 1:
+            middle = (low + high) // 2
+            if self._estimate(middle * self.minimum, seqs) <= target_s:  # type: ignore[operator]
+                low = middle
+            else:
+                high = middle
+        return min(low * self.minimum, self.maximum)
 
     def _fit_unreachable(self, seqs: int) -> int:
         """With no latency work in the step and a target out of reach, shrinking further buys almost no
