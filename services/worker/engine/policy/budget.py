@@ -113,21 +113,21 @@ class BudgetController:
         target_s; None when not even the minimum is; the current budget while nothing is measured yet
         (keep it and measure). Powers of two alone would leave up to half the target unused: on a CPU,
         where a step's time grows with every token, that is half the throughput work a step could do."""
-        shortest = self._estimate(self.minimum, seqs)
-        if shortest is None:
+        if self._estimate(self.minimum, seqs) is None:
             return self.current
-        if shortest > target_s:
+
+        def fits(budget: int) -> bool:
+            return self._estimate(budget, seqs) <= target_s  # type: ignore[operator]  # measured: a float
+
+        if not fits(self.minimum):
             return None
-        if self._estimate(self.maximum, seqs) <= target_s:  # type: ignore[operator]
+        if fits(self.maximum):
             return self.maximum
         # Estimates grow with the budget: bisect on multiples of the minimum, low fits, high does not.
         low, high = 1, self.maximum // self.minimum + 1
         while high - low > 1:
             middle = (low + high) // 2
-            if self._estimate(middle * self.minimum, seqs) <= target_s:  # type: ignore[operator]
-                low = middle
-            else:
-                high = middle
+            low, high = (middle, high) if fits(middle * self.minimum) else (low, middle)
         return min(low * self.minimum, self.maximum)
 
     def _fit_unreachable(self, seqs: int) -> int:
