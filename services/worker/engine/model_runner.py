@@ -92,7 +92,7 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.attention, between_layers)
         finally:
             self.attention.metadata = outer
-        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows))
+        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows), between_layers)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         """Flatten the batch, decodes first, and build every index tensor the attention needs."""

@@ -29,8 +29,30 @@ _FUSED = {
     "mlp.up_proj": ("mlp.gate_up_proj", "up"),
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-# Under layer-level preemption, a step's MLP runs this many token rows between two checkpoints.
-_CHECKPOINT_ROWS = 256
+# Under layer-level preemption, a step's projections and MLP run this many token rows between two
+# checkpoints.
+_CHECKPOINT_ROWS = 128
+# ... and the LM head this many vocabulary entries.
+_CHECKPOINT_VOCAB = 8192
+
+
+def _in_row_slices(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, between: Callable[[], None] | None
+) -> torch.Tensor:
+    """fn(x) for an fn of independent rows; under layer preemption (between given) in slices of
+    _CHECKPOINT_ROWS rows with a checkpoint between them: a wide step's projections and MLP are its
+    longest stretches, and slicing changes nothing but where other steps may cut in."""
+    rows = x.shape[0]
+    if between is None or rows <= _CHECKPOINT_ROWS:
+        return fn(x)
+    first = fn(x[:_CHECKPOINT_ROWS])
+    out = first.new_empty((rows, *first.shape[1:]))
+    out[:_CHECKPOINT_ROWS] = first
+    for start in range(_CHECKPOINT_ROWS, rows, _CHECKPOINT_ROWS):
+        between()
+        end = min(start + _CHECKPOINT_ROWS, rows)
+        out[start:end] = fn(x[start:end])
+    return out
 
 
 class RMSNorm(nn.Module):
@@ -60,15 +82,21 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: PagedAttention
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        attn: PagedAttention,
+        between: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        qkv = _in_row_slices(self.qkv_proj, x, between)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rope(q.view(tokens, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
         k = apply_rope(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         out = attn.forward(self.layer_idx, q, k, v)  # [T, H * D]
-        return self.o_proj(out)
+        return _in_row_slices(self.o_proj, out, between)
 
 
 class MLP(nn.Module):
@@ -99,23 +127,11 @@ class DecoderLayer(nn.Module):
         attn: PagedAttention,
         between: Callable[[], None] | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn, between)
         if between is None:
             return x + self.mlp(self.post_attention_layernorm(x))
         between()
-        # In row slices with a checkpoint between them: a wide step's MLP is its longest stretch, and
-        # rows are independent, so slicing changes nothing but where other steps may cut in.
-        normed = self.post_attention_layernorm(x)
-        rows = x.shape[0]
-        if rows <= _CHECKPOINT_ROWS:
-            return x + self.mlp(normed)
-        out = torch.empty_like(x)
-        for start in range(0, rows, _CHECKPOINT_ROWS):
-            if start:
-                between()
-            end = min(start + _CHECKPOINT_ROWS, rows)
-            out[start:end] = self.mlp(normed[start:end])
-        return x + out
+        return x + _in_row_slices(self.mlp, self.post_attention_layernorm(x), between)
 
 
 class LlamaModel(nn.Module):
@@ -179,9 +195,22 @@ class LlamaForCausalLM(nn.Module):
         rows). A tied head is the embedding table, whose lookups want rows contiguous."""
         return [] if self.config.tie_word_embeddings else ["lm_head.weight"]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logits [N, vocab] in float32 for the N hidden states that sample a token."""
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, between: Callable[[], None] | None = None) -> torch.Tensor:
+        """Logits [N, vocab] in float32 for the N hidden states that sample a token. Under layer
+        preemption (between given) in vocabulary slices with a checkpoint between them: the head of a
+        wide step is its longest single product, and a slice of the vocabulary keeps every row, so the
+        product stays as efficient (slicing rows would not)."""
+        weight = self.lm_head.weight
+        vocab = weight.shape[0]
+        if between is None or vocab <= _CHECKPOINT_VOCAB:
+            return self.lm_head(hidden).float()
+        logits = torch.empty(hidden.shape[0], vocab, dtype=torch.float32, device=hidden.device)
+        for start in range(0, vocab, _CHECKPOINT_VOCAB):
+            if start:
+                between()
+            end = min(start + _CHECKPOINT_VOCAB, vocab)
+            logits[:, start:end] = F.linear(hidden, weight[start:end])
+        return logits
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, str, torch.Tensor]]) -> None:

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+# Under layer-level preemption, a long prefill chunk attends this many queries between two checkpoints.
+CHECKPOINT_QUERIES = 128
+
 
 @dataclass
 class PrefillChunk:
@@ -50,7 +53,8 @@ class AttentionMetadata:
     num_decodes: int  # the first num_decodes tokens are single-query sequences
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
-    # Called between prefill chunks (the engine's layer-level preemption; see LlamaForCausalLM.forward).
+    # Called between decode groups and prefill chunks (the engine's layer-level preemption; see
+    # LlamaForCausalLM.forward).
     checkpoint: Callable[[], None] | None = None
 
 
@@ -76,7 +80,7 @@ class PagedAttention:
         if meta.num_decodes:
             out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta)
         for i, chunk in enumerate(meta.prefills):
-            if i and meta.checkpoint is not None:
+            if (i or meta.num_decodes) and meta.checkpoint is not None:
                 meta.checkpoint()  # may run other steps: this layer's K/V for this step are written already
             end = chunk.start + chunk.num_tokens
             # 4-D inputs: with 3-D ones SDPA on CPU falls back to its math kernel, measured 2.5x slower.
@@ -87,9 +91,28 @@ class PagedAttention:
                 kc = _gather(k_cache, chunk.context_blocks)[:, : chunk.context_len]
                 vc = _gather(v_cache, chunk.context_blocks)[:, : chunk.context_len]
             kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)  # [1, Hkv, ctx, D]
-            out[chunk.start : end] = F.scaled_dot_product_attention(
-                qc, kc, vc, attn_mask=chunk.mask, is_causal=chunk.mask is None, enable_gqa=heads != kv_heads
-            )[0].transpose(0, 1)
+            gqa = heads != kv_heads
+            if meta.checkpoint is None or chunk.num_tokens <= CHECKPOINT_QUERIES:
+                out[chunk.start : end] = F.scaled_dot_product_attention(
+                    qc, kc, vc, attn_mask=chunk.mask, is_causal=chunk.mask is None, enable_gqa=gqa
+                )[0].transpose(0, 1)
+                continue
+            # A long chunk's queries in slices with a checkpoint between: rows attend independently.
+            for first in range(0, chunk.num_tokens, CHECKPOINT_QUERIES):
+                if first:
+                    meta.checkpoint()
+                last = min(first + CHECKPOINT_QUERIES, chunk.num_tokens)
+                if chunk.mask is not None:
+                    keys, values, mask = kc, vc, chunk.mask[first:last]
+                else:  # a chunk from position 0 attends causally within itself: keys up to its last query
+                    keys, values = kc[:, :, :last], vc[:, :, :last]
+                    mask = (
+                        torch.arange(last, device=q.device)
+                        <= torch.arange(first, last, device=q.device)[:, None]
+                    )
+                out[chunk.start + first : chunk.start + last] = F.scaled_dot_product_attention(
+                    qc[:, :, first:last], keys, values, attn_mask=mask, enable_gqa=gqa
+                )[0].transpose(0, 1)
         return out.reshape(tokens, heads * head_dim)
 
 
@@ -103,7 +126,9 @@ def _decode(
     if len(meta.decode_groups) == 1:
         return _decode_group(qg, k_cache, v_cache, meta.decode_groups[0]).reshape(batch, heads, head_dim)
     out = torch.empty_like(qg)
-    for group in meta.decode_groups:
+    for i, group in enumerate(meta.decode_groups):
+        if i and meta.checkpoint is not None:
+            meta.checkpoint()
         out[group.start : group.end] = _decode_group(qg[group.start : group.end], k_cache, v_cache, group)
     return out.reshape(batch, heads, head_dim)
 
