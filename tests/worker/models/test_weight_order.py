@@ -1,15 +1,18 @@
-"""Weights stored column-major on CPU (the untied LM head): every way a model gets storage applies the
-order before weights are copied in, and the logits are those of the row-major weight."""
+"""The LM head on CPU: stored column-major when untied (every way a model gets storage applies the order
+before weights are copied in, and the logits are those of the row-major weight), and computed in
+vocabulary slices between layer-preemption checkpoints with the same logits."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from services.worker.memory.arena import Arena
 from services.worker.memory.manager import MemoryManager
 from services.worker.memory.placement import evict_to_host, load_from_host_copy, load_into_partition
+from services.worker.models import llama
 from services.worker.models.checkpoint import iter_safetensors
 from services.worker.models.loader import load_model
 
@@ -46,3 +49,15 @@ def test_arena_load_and_host_copy_reload_keep_the_order(llama_gqa_dir: Path) -> 
     assert host is not None
     reloaded = load_from_host_copy(memory, "m", host, kv_bytes=0)
     _assert_column_major_head(reloaded.loaded.model, llama_gqa_dir)
+
+
+def test_the_head_in_vocabulary_slices_gives_the_same_logits(
+    llama_gqa_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model = load_model(llama_gqa_dir).model
+    monkeypatch.setattr(llama, "_CHECKPOINT_VOCAB", 100)  # the test model's vocabulary is 512
+    hidden = torch.randn(5, model.config.hidden_size)
+    checkpoints: list[int] = []
+    sliced = model.compute_logits(hidden, lambda: checkpoints.append(1))
+    assert torch.equal(sliced, model.compute_logits(hidden))
+    assert len(checkpoints) == 5  # between the six slices of 512 entries
