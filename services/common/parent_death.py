@@ -26,6 +26,10 @@ def die_with_launcher() -> None:
     expected = os.environ.pop(PARENT_ENV, "")  # not inherited by whatever this service starts
     if not expected or sys.platform != "linux":
         return
+    if not expected.isdigit():
+        raise SystemExit(
+            f"{PARENT_ENV} must be the launcher's process id, got {expected!r}; unset it to run alone"
+        )
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
     # The launcher may have died before the prctl above: then we were already reparented.

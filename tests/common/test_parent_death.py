@@ -63,3 +63,10 @@ def test_service_started_by_hand_ignores_the_watch() -> None:
     service = _run(_SERVICE.replace("time.sleep(120)", ""), env=env, stdout=subprocess.PIPE)
     out, _ = service.communicate(timeout=60)
     assert (service.returncode, out) == (0, b"up\n")
+
+
+def test_a_malformed_launcher_id_stops_the_service_saying_why() -> None:
+    service = _run(_SERVICE, env={**os.environ, PARENT_ENV: "gateway"}, stderr=subprocess.PIPE)
+    _, err = service.communicate(timeout=60)
+    assert service.returncode == 1
+    assert b"HANZO_DIE_WITH_PARENT must be the launcher's process id, got 'gateway'" in err
