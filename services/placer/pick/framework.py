@@ -76,7 +76,8 @@ class _Ranking(NamedTuple):
     explained: dict[int, Candidate]  # leader index -> its Candidate, built on first use
 
     def candidate(self, i: int, snapshot: ClusterSnapshot, scorer_names: list[str]) -> Candidate:
-        """Leader i as a Candidate; made once per ranking, since a memoized ranking is picked from again."""
+        """Leader i as a Candidate; made once per ranking, since a memoized ranking is picked from again
+        (the picks made from it share the Candidate: read it, do not change its scores)."""
         made = self.explained.get(i)
         if made is None:
             node_id = snapshot.node_ids[self.rows[i]] or ""
