@@ -1,6 +1,7 @@
 """What the mesh adds to a request: the same seeded requests straight to one worker (Worker.Generate, the
 baseline) and through the gateway (Inference.Generate: auth, validation, classification, a pick by the
-gateway's placer replica, or with `--placement remote` a Placer.Pick round trip, and a proxy hop), in one
+gateway's placer replica, or with `--placement remote` a Placer.Pick round trip, and a proxy hop over the
+gateway's GenerateStreams link to the worker), in one
 run; prints one JSON line on stdout, progress on stderr. Every request names its workload class, so the
 worker schedules the two routes' copies alike.
 
@@ -14,8 +15,9 @@ route that goes first rotating by request and round so machine drift hits every 
 added_i = median over rounds of (gateway TTFT - direct TTFT) of the same (round, i);
 gateway_added_ms_p50/p99 are percentiles (linear interpolation) of added_i across requests. A third route, a
 bare grpc.aio pass-through to the same worker (bench/mesh_proxy.py), runs in the same rounds:
-bare_proxy_added_ms_* is the floor of one Python gRPC hop here, gateway_over_bare_proxy_ms_p50 what the
-gateway's own work adds to it. TTFT = call start to the first streamed message, measured in this client.
+bare_proxy_added_ms_* is what one Python gRPC hop costs here with a Generate call per request,
+gateway_over_bare_proxy_ms_p50 what the gateway adds to it (its own work, less what its link saves over
+a call per request; below zero when the saving is larger). TTFT = call start to the first streamed message, measured in this client.
 Throughput: every request of a second set with `--in-flight` streams open (a closed loop), direct and
 gateway passes alternating per round; tok/s = streamed token ids / pass wall time; mesh_throughput_ratio =
 the median over rounds of gateway tok/s / direct tok/s of the same round. With 2+ cores the worker runs
@@ -200,8 +202,9 @@ async def measure(stack: MeshStack, cfg: dict[str, int], in_flight: int, seed: i
     return {
         "gateway_added_ms_p50": st.percentile_ms(added_ttft, 50),
         "gateway_added_ms_p99": st.percentile_ms(added_ttft, 99),
-        # The floor: a bare grpc.aio pass-through (bench/mesh_proxy.py) in the same rounds, and what the
-        # gateway adds on top of it (auth, validation, classification, the pick, tracing, metrics).
+        # A bare grpc.aio pass-through (bench/mesh_proxy.py, a Generate call per request) in the same
+        # rounds, and what the gateway adds on top of it (auth, validation, classification, the pick,
+        # tracing, metrics, less what the GenerateStreams link saves over a call per request).
         "bare_proxy_added_ms_p50": st.percentile_ms(proxy_ttft, 50),
         "bare_proxy_added_ms_p99": st.percentile_ms(proxy_ttft, 99),
         "gateway_over_bare_proxy_ms_p50": st.percentile_ms(over_proxy, 50),

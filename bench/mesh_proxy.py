@@ -1,6 +1,7 @@
 """A bare gRPC pass-through for bench/mesh.py: Worker.Generate forwarded to one worker with no auth,
-validation, classification, pick, tracing or metrics. What it adds to time to first token is the floor
-of one Python grpc.aio hop on this machine, measured in the same run as the gateway.
+validation, classification, pick, tracing or metrics, and a Generate call per request where the gateway
+uses its GenerateStreams link. What it adds to time to first token is the cost of one Python grpc.aio
+hop made the plain way on this machine, measured in the same run as the gateway.
 
     python -m bench.mesh_proxy    (HANZO_BENCH_PROXY_UPSTREAM=host:port, HANZO_BENCH_PROXY_PORT=0)
 """

@@ -12,6 +12,7 @@ Span names and `rpc.*` attributes follow the OpenTelemetry gRPC instrumentation,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -47,10 +48,14 @@ def serve_instrumented(
     service: ServiceDescriptor,
     tracer: trace.Tracer,
     authenticate: Authenticate | None = None,
+    unwrapped: frozenset[str] = frozenset(),
 ) -> None:
     """Replace each of service's methods on servicer (an instance of its generated servicer class) by
-    the wrapped one; call before add_*Servicer_to_server."""
+    the wrapped one; call before add_*Servicer_to_server. Methods named in unwrapped are left as they
+    are: they trace and report each of the calls they carry themselves (a multiplexing method)."""
     for method in service.methods:
+        if method.name in unwrapped:
+            continue
         behavior = getattr(servicer, method.name)
         call = _Call(
             f"/{service.full_name}/{method.name}", service.full_name, method.name, tracer, authenticate
@@ -73,7 +78,6 @@ class _Call:
         self.full_method = full_method
         self.attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
         self.tracer = tracer
-        self.recording = records_spans(tracer)
         self.authenticate = authenticate
 
     def unary(self, behavior: Callable[[Any, grpc.aio.ServicerContext], Any]) -> Callable[..., Any]:
@@ -109,41 +113,50 @@ class _Call:
         return handler
 
     def _span(self, metadata: Mapping[str, str]) -> Any:
-        if not self.recording and _TRACEPARENT not in metadata:
-            return local_span(self.tracer, self.full_method)  # nothing to record or pass on: no span
-        # record_exception/set_status off: _fail records exactly what the caller was told.
-        return self.tracer.start_as_current_span(
-            self.full_method,
-            context=extract(metadata),
-            kind=trace.SpanKind.SERVER,
-            attributes=self.attributes,
-            record_exception=False,
-            set_status_on_exception=False,
-        )
+        return server_span(self.tracer, self.full_method, self.attributes, metadata)
+
+
+def server_span(
+    tracer: trace.Tracer, full_method: str, attributes: Mapping[str, str], carrier: Mapping[str, str]
+) -> contextlib.AbstractContextManager[trace.Span]:
+    """The SERVER span of one call (made current), continuing the trace in carrier's W3C headers; no
+    span at all when nothing records and the caller sent no trace to continue."""
+    if _TRACEPARENT not in carrier and not records_spans(tracer):
+        return local_span(tracer, full_method)
+    # record_exception/set_status off: the caller records exactly what the caller was told.
+    return tracer.start_as_current_span(
+        full_method,
+        context=extract(carrier),
+        kind=trace.SpanKind.SERVER,
+        attributes=attributes,
+        record_exception=False,
+        set_status_on_exception=False,
+    )
 
 
 def _finish(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
     code = context.code() or grpc.StatusCode.OK  # a handler may set_code() and return normally
-    _record(span, code, context.details())
+    record_status(span, code, context.details())
 
 
 async def _fail(span: trace.Span, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
     """Record why the call ended on its span; a typed error becomes its status (abort raises)."""
     if isinstance(exc, TYPED_ERRORS):
         code, details = status_for(exc)  # type: ignore[misc]  # typed errors always map
-        _record(span, code, details)
+        record_status(span, code, details)
         await context.abort(code, details)
     if isinstance(exc, grpc.aio.AbortError):  # the handler called context.abort() itself
-        _record(span, context.code() or grpc.StatusCode.UNKNOWN, context.details())
+        record_status(span, context.code() or grpc.StatusCode.UNKNOWN, context.details())
     elif isinstance(exc, asyncio.CancelledError | GeneratorExit):  # the caller went away
-        _record(span, grpc.StatusCode.CANCELLED, "the caller cancelled")
+        record_status(span, grpc.StatusCode.CANCELLED, "the caller cancelled")
     else:  # a bug: gRPC answers UNKNOWN with the exception's text
         span.record_exception(exc)
-        _record(span, grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
+        record_status(span, grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
     raise exc
 
 
-def _record(span: trace.Span, code: grpc.StatusCode, details: str | None) -> None:
+def record_status(span: trace.Span, code: grpc.StatusCode, details: str | None) -> None:
+    """A server span's end status, per OpenTelemetry's RPC conventions."""
     span.set_attribute("rpc.grpc.status_code", code.value[0])
     if code in _SERVER_ERRORS:
         span.set_status(trace.Status(trace.StatusCode.ERROR, f"{code.name}: {details}"))

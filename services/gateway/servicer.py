@@ -85,8 +85,7 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             sent_any = False
             tokens_sent = 0
             with client_call_span(self.tracer, _WORKER_GENERATE) as (span, metadata):
-                stub = self.upstream.worker(pick.address)
-                call = stub.Generate(request, timeout=self._timeout(context), metadata=metadata)
+                call = self.upstream.link(pick.address).start(request, self._timeout(context), dict(metadata))
                 try:
                     async for response in call:
                         if not sent_any:

@@ -15,6 +15,7 @@ from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc, worker_p
 from services.common.errors import NotFound, ServiceError, Unavailable
 from services.common.tracing import client_interceptors, local_span
 from services.common.workload import WorkloadClass
+from services.gateway.worker_link import WorkerLink
 from services.placer.pick.query import PickQuery
 from services.placer.replica import PlacerReplica
 
@@ -40,6 +41,12 @@ def relay(error: grpc.aio.AioRpcError, what: str) -> ServiceError:
     return relayed
 
 
+class _Worker(NamedTuple):
+    channel: grpc.aio.Channel
+    stub: worker_pb2_grpc.WorkerStub
+    link: WorkerLink
+
+
 class Upstream:
     """local: an embedded placer replica to pick with in-process; None asks the placer service."""
 
@@ -56,18 +63,25 @@ class Upstream:
         self._placer_channel = grpc.aio.insecure_channel(placer_address, interceptors=self._interceptors)
         self.placer = placer_pb2_grpc.PlacerStub(self._placer_channel)
         self.topology = topology
-        self._workers: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
+        self._workers: dict[str, _Worker] = {}
 
     def worker(self, address: str) -> worker_pb2_grpc.WorkerStub:
         """A stub for the worker at address, reusing its channel."""
-        entry = self._workers.get(address)
-        if entry is None:
+        return self._worker(address).stub
+
+    def link(self, address: str) -> WorkerLink:
+        """The Generate stream link to the worker at address (one call carries every stream)."""
+        return self._worker(address).link
+
+    def _worker(self, address: str) -> _Worker:
+        worker = self._workers.get(address)
+        if worker is None:
             # No client interceptors: the servicer opens each call's span itself (client_call_span),
             # keeping grpc.aio's interceptor machinery off the streaming hot path.
             channel = grpc.aio.insecure_channel(address)
-            entry = (channel, worker_pb2_grpc.WorkerStub(channel))
-            self._workers[address] = entry
-        return entry[1]
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            worker = self._workers[address] = _Worker(channel, stub, WorkerLink(stub, address))
+        return worker
 
     async def pick(
         self,
@@ -123,6 +137,7 @@ class Upstream:
             raise Unavailable(f"placer unreachable: {error.details()}") from None
 
     async def close(self) -> None:
-        for channel, _ in self._workers.values():
-            await channel.close()
+        for worker in self._workers.values():
+            await worker.link.close()
+            await worker.channel.close()
         await self._placer_channel.close()

@@ -43,7 +43,7 @@ class WorkerApp:
         self.advertise_address = settings.advertise_address or self.address
         tracer = self.tracer_provider.get_tracer("hanzo.worker")
         self.servicer = WorkerServicer(self.node_id, self.host, self.metrics, tracer)
-        serve_instrumented(self.servicer, SERVICE, tracer)
+        serve_instrumented(self.servicer, SERVICE, tracer, unwrapped=frozenset({"GenerateStreams"}))
         worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.metrics_port: int | None = None
@@ -79,7 +79,7 @@ class WorkerApp:
     async def stop(self) -> None:
         """Drain: health NOT_SERVING and a draining heartbeat (the placer stops sending work), in-flight
         streams get drain_timeout_s to finish, then models and connections close."""
-        self.servicer.draining = True
+        self.servicer.drain()
         await set_serving(self.health, ["", SERVICE_NAME], False)
         if self.heartbeat is not None:
             with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):

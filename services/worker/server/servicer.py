@@ -19,6 +19,7 @@ from services.worker.engine.policy.classes import SchedulingHints
 from services.worker.server.convert import FINISH_REASONS, prompt_of, sampling_params
 from services.worker.server.host import ModelHost
 from services.worker.server.metrics import WorkerMetrics
+from services.worker.server.streams import StreamSession
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -28,10 +29,34 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.metrics = metrics
         self.tracer = tracer
         self.draining = False
+        self.sessions: set[StreamSession] = set()  # the open GenerateStreams calls
 
     async def Generate(
         self, request: inference_pb2.GenerateRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        async for response in self.generate(request, _deadline(context)):
+            yield response
+
+    async def GenerateStreams(
+        self, requests: AsyncIterator[worker_pb2.StreamRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[worker_pb2.StreamEvents]:
+        session = StreamSession(self, self.tracer)
+        self.sessions.add(session)  # it leaves the set when its call ends
+        async for events in session.run(requests):
+            yield events
+
+    def drain(self) -> None:
+        """Refuse new streams (UNAVAILABLE, so the gateway retries elsewhere) and let every stream link
+        end once its streams have: a graceful stop must not wait on a link that never ends by itself."""
+        self.draining = True
+        for session in list(self.sessions):
+            session.wake()
+
+    async def generate(
+        self, request: inference_pb2.GenerateRequest, deadline: float | None
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """One request's responses, as Generate streams them; deadline: a time.monotonic() instant the
+        scheduler orders by (None: the caller set none). Raises typed errors (see error_status)."""
         llm = self.host.generator(request.model)
         params = sampling_params(request.sampling)
         prompt = prompt_of(request)
@@ -44,7 +69,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 f"worker {self.node_id} has {scheduler.num_waiting} requests queued for {request.model!r}",
                 retry_after_s=1.0,
             )
-        hints = SchedulingHints(workload=workload, tenant=request.tenant, deadline=_deadline(context))
+        hints = SchedulingHints(workload=workload, tenant=request.tenant, deadline=deadline)
         request_id = request.request_id or uuid.uuid4().hex
         started = time.monotonic()
         first_token_at = last_token_at = None
