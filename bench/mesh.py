@@ -17,7 +17,8 @@ gateway_added_ms_p50/p99 are percentiles (linear interpolation) of added_i acros
 bare grpc.aio pass-through to the same worker (bench/mesh_proxy.py), runs in the same rounds:
 bare_proxy_added_ms_* is what one Python gRPC hop costs here with a Generate call per request,
 gateway_over_bare_proxy_ms_p50 what the gateway adds to it (its own work, less what its link saves over
-a call per request; below zero when the saving is larger). TTFT = call start to the first streamed message, measured in this client.
+a call per request; below zero when the saving is larger). TTFT = call start to the first streamed
+message, measured in this client.
 Throughput: every request of a second set with `--in-flight` streams open (a closed loop), direct and
 gateway passes alternating per round; tok/s = streamed token ids / pass wall time; mesh_throughput_ratio =
 the median over rounds of gateway tok/s / direct tok/s of the same round. With 2+ cores the worker runs
