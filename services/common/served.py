@@ -123,7 +123,7 @@ def server_span(
     span at all when nothing records and the caller sent no trace to continue."""
     if _TRACEPARENT not in carrier and not records_spans(tracer):
         return local_span(tracer, full_method)
-    # record_exception/set_status off: the caller records exactly what the caller was told.
+    # record_exception/set_status off: record_status sets exactly the status the caller was told.
     return tracer.start_as_current_span(
         full_method,
         context=extract(carrier),
