@@ -87,8 +87,11 @@ class StreamSession:
                     self._start(message.stream_id, message.start)
                 elif action == "cancel":
                     task = self._streams.get(message.stream_id)
-                    if task is not None:
+                    if task is not None:  # else it has ended already: nothing to stop
                         task.cancel()
+                else:
+                    why = "a StreamRequest needs start or cancel set"
+                    self._end(message.stream_id, grpc.StatusCode.INVALID_ARGUMENT, why)
         except grpc.aio.AioRpcError:
             pass  # the call broke: run()'s caller is cancelled too, and cleans up
         finally:
