@@ -105,6 +105,12 @@ class InferenceServicer(inference_pb2_grpc.InferenceServicer):
             if error is None:
                 self.metrics.generated[workload].inc()
                 return
+            if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                # The caller's own deadline, passed on: the worker's timer may fire before ours does.
+                self.metrics.requests.labels("Generate", workload.name, "DEADLINE_EXCEEDED").inc()
+                raise _DeadlineExceeded(
+                    f"the caller's deadline passed after worker {pick.node_id} sent {tokens_sent} tokens"
+                ) from None
             if sent_any:
                 self.metrics.requests.labels("Generate", workload.name, "UNAVAILABLE").inc()
                 raise Unavailable(
