@@ -131,6 +131,7 @@ class ClusterView:
             async for entries in self.store.read_all(now):
                 self._apply_serialized(entries)
         except (RedisError, OSError) as exc:
+            _raise_if_cancelled(exc)
             self.mark_stale(exc)
             self.expire()
             return False
@@ -165,6 +166,7 @@ class ClusterView:
             try:
                 await self._listen()
             except (RedisError, OSError) as exc:
+                _raise_if_cancelled(exc)
                 self._subscribed.clear()
                 self.mark_stale(exc)
                 await asyncio.sleep(delay * random.uniform(0.5, 1.0))
@@ -206,6 +208,15 @@ class ClusterView:
 
 
 _PUBSUB_CLOSE_TIMEOUT_S = 1.0
+
+
+def _raise_if_cancelled(exc: BaseException) -> None:
+    """Cancelled, when this task's cancellation surfaced as a Redis error: redis-py can turn a cancel
+    that lands mid-command into a connection error ("Connection closed by server"), and a retry loop
+    that took it for an outage would go on forever, hanging the graceful stop that cancelled it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError from exc
 
 
 async def _close_pubsub(pubsub: PubSub) -> None:
