@@ -22,7 +22,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract
 
 from services.common.error_status import TYPED_ERRORS, status_for
-from services.common.tracing import local_span, records_spans
+from services.common.tracing import local_span, records_spans, rpc_attributes
 
 # Raises an Unauthenticated (or other ServiceError) for a caller that may not call; sees the metadata.
 Authenticate = Callable[[Mapping[str, str]], None]
@@ -76,7 +76,7 @@ class _Call:
         authenticate: Authenticate | None,
     ) -> None:
         self.full_method = full_method
-        self.attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+        self.attributes = rpc_attributes(service, method)
         self.tracer = tracer
         self.authenticate = authenticate
 

@@ -101,7 +101,7 @@ def client_call_span(
         yield trace.INVALID_SPAN, tuple(metadata)  # no span and no caller's trace to pass on
         return
     service, method = full_method.strip("/").split("/", 1)
-    attributes = {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
+    attributes = rpc_attributes(service, method)
     # Not made current: the caller may yield (stream) inside the block, and a context attached in one
     # resumption must not be detached in another.
     span = tracer.start_span(full_method, kind=trace.SpanKind.CLIENT, attributes=attributes)
@@ -111,6 +111,11 @@ def client_call_span(
         yield span, (*metadata, *carrier.items())
     finally:
         span.end()
+
+
+def rpc_attributes(service: str, method: str) -> dict[str, str]:
+    """The `rpc.*` attributes of a call's span, as OpenTelemetry's gRPC instrumentation sets them."""
+    return {"rpc.system": "grpc", "rpc.service": service, "rpc.method": method}
 
 
 def record_rpc_error(span: trace.Span, code: grpc.StatusCode, details: str | None) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from opentelemetry import trace
 from hanzo.inference.v1 import worker_pb2
 from services.common.error_status import status_for
 from services.common.served import record_status, server_span
+from services.common.tracing import rpc_attributes
 
 if TYPE_CHECKING:
     from services.worker.server.servicer import WorkerServicer
@@ -29,11 +31,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 _SPAN_NAME = "/hanzo.inference.v1.Worker/Generate"  # a stream reads in a trace as a Generate call does
-_SPAN_ATTRIBUTES = {
-    "rpc.system": "grpc",
-    "rpc.service": "hanzo.inference.v1.Worker",
-    "rpc.method": "Generate",
-}
+_SPAN_ATTRIBUTES = rpc_attributes("hanzo.inference.v1.Worker", "Generate")
 _MAX_BATCH = 256  # events per message: bounds one message's size under a backlog
 
 
@@ -105,6 +103,9 @@ class StreamSession:
             self._end(
                 stream_id, grpc.StatusCode.INVALID_ARGUMENT, f"stream_id {stream_id} is in use on this call"
             )
+        elif not (math.isfinite(start.timeout_s) and start.timeout_s >= 0):
+            why = f"timeout_s must be a finite number of seconds >= 0 (0: none), got {start.timeout_s}"
+            self._end(stream_id, grpc.StatusCode.INVALID_ARGUMENT, why)
         else:
             task = asyncio.create_task(self._serve(stream_id, start), name=f"stream-{stream_id}")
             self._streams[stream_id] = task

@@ -128,13 +128,15 @@ async def test_a_deadline_ends_the_stream_with_deadline_exceeded(tmp_path, llama
         await kv_freed(app, "the worker's KV back to idle after the deadline")
 
 
-async def test_a_stream_id_in_use_or_an_empty_request_is_refused(tmp_path, llama_gqa_dir) -> None:
+async def test_malformed_stream_requests_are_refused(tmp_path, llama_gqa_dir) -> None:
     async with linked_worker(tmp_path, llama_gqa_dir) as (_, stub, _):
         call = stub.GenerateStreams()
         for _ in range(2):
             start = worker_pb2.StreamStart(request=generate("hello", max_tokens=20))
             await call.write(worker_pb2.StreamRequest(stream_id=7, start=start))
         await call.write(worker_pb2.StreamRequest(stream_id=8))  # neither start nor cancel
+        bad_timeout = worker_pb2.StreamStart(request=generate("hello"), timeout_s=float("nan"))
+        await call.write(worker_pb2.StreamRequest(stream_id=9, start=bad_timeout))
         await call.done_writing()
         ends, tokens = [], 0
         async for batch in call:
@@ -148,6 +150,7 @@ async def test_a_stream_id_in_use_or_an_empty_request_is_refused(tmp_path, llama
         assert ends == [
             (invalid, "stream_id 7 is in use on this call"),
             (invalid, "a StreamRequest needs start or cancel set"),
+            (invalid, "timeout_s must be a finite number of seconds >= 0 (0: none), got nan"),
             (grpc.StatusCode.OK.value[0], ""),
         ]
         assert tokens == 20
