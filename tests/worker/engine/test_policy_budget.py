@@ -103,10 +103,19 @@ def test_controller_explores_upward_before_anything_is_measured() -> None:
     assert BudgetController(16, 512).choose(0.01, 4) == 512  # no data yet: keeps its budget, measures
 
 
-def _scheduler(ttft_slo_s: float = 0.2, itl_slo_s: float = 0.05, layer_preemption: bool = True) -> Scheduler:
+def _scheduler(
+    ttft_slo_s: float = 0.2,
+    itl_slo_s: float = 0.05,
+    layer_preemption: bool = True,
+    itl_min_efficiency: float = 0.0,
+) -> Scheduler:
     classes = classes_with(RT, ttft_slo_s=ttft_slo_s, itl_slo_s=itl_slo_s)
     policy = PolicyConfig(
-        classes=classes, min_batched_tokens=16, latency_memory_s=1.0, layer_preemption=layer_preemption
+        classes=classes,
+        min_batched_tokens=16,
+        latency_memory_s=1.0,
+        layer_preemption=layer_preemption,
+        itl_min_efficiency=itl_min_efficiency,
     )
     config = SchedulerConfig(max_model_len=8192, max_num_batched_tokens=512, policy=policy)
     sched = Scheduler(config, BlockManager(2048, 16))
@@ -142,6 +151,19 @@ def test_budget_shrinks_while_a_realtime_request_decodes_and_grows_after(layer_p
         assert batch is not None
         later.append(batch.budget)
     assert later[:4] == [128, 256, 512, 512]
+
+
+def test_inter_token_target_is_bounded_by_efficiency_but_first_token_slack_is_not() -> None:
+    sched = _scheduler(ttft_slo_s=0.1, itl_slo_s=0.05, itl_min_efficiency=0.75)
+    sched.add(seq("doc", BATCH, prompt=4000, max_tokens=4))
+    sched.add(seq("chat", RT, prompt=10, max_tokens=3, arrival=T0))
+    first = sched.schedule(T0 + 0.09)  # 10 ms of first-token slack: the chat alone, however inefficient
+    assert first is not None and first.budget == 10
+    sched.update(first, [7] * len(first.seqs))
+    # Decoding: the 50 ms inter-token target alone would allow 64 tokens (1280 tokens/s); the bound keeps
+    # 75% of the best rate (2560 tokens/s at 512), which 192 tokens do.
+    batch = sched.schedule(T0 + 0.1)
+    assert batch is not None and batch.budget == 192
 
 
 def test_waiting_realtime_request_caps_the_step_at_its_ttft_slack() -> None:
@@ -190,3 +212,38 @@ def test_fifo_budget_is_fixed() -> None:
     sched.add(seq("doc", BATCH, prompt=4000))
     sched.add(seq("chat", RT, prompt=10))
     assert step(sched).budget == 512  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("target_s", "min_efficiency", "expected"),
+    [
+        # Rates measured: 16 tokens 800/s, 64: 1280/s, 256: 2048/s, 512: 2560/s (the best).
+        (0.05, 0.0, 64),  # unbounded: the target decides
+        (0.05, 0.5, 64),  # 64 tokens keep 50% of the best rate: the target still decides
+        (0.05, 0.75, 192),  # 75% = 1920/s: 192 tokens in an interpolated 100 ms, the smallest that keep it
+        (0.05, 1.0, 512),  # nothing but the best
+        (0.2, 0.9, 512),  # a target that allows more is not cut by the bound
+    ],
+)
+def test_inter_token_target_shrinks_steps_only_while_they_stay_efficient(
+    target_s: float, min_efficiency: float, expected: int
+) -> None:
+    controller = BudgetController(16, 512, trained())
+    assert controller.choose(target_s, 2, min_efficiency=min_efficiency) == expected
+
+
+def test_efficiency_bound_waits_for_measurements() -> None:
+    assert BudgetController(16, 512).choose(0.05, 2, min_efficiency=0.9) == 512  # keeps its budget
+    model = StepTimeModel()
+    model.observe(64, 2, 0.05)  # one size measured: every budget extrapolates to its rate
+    assert BudgetController(16, 512, model).choose(0.05, 2, min_efficiency=0.9) == 64
+
+
+def test_efficiency_bound_expects_bigger_steps_to_spread_their_fixed_cost() -> None:
+    # Only 128 and 256 tokens measured (32 and 49 ms): 17 ms per 128 more tokens, 15 ms fixed. Past them
+    # the line predicts 1024 tokens in 151 ms (6781 tokens/s, the best); 90% of that first at 496 tokens.
+    model = StepTimeModel()
+    model.observe(128, 64, 0.032)
+    model.observe(256, 64, 0.049)
+    assert BudgetController(16, 1024, model).choose(0.03, 64, min_efficiency=0.9) == 496
+    assert model.estimate(1024, 64) == pytest.approx(0.049 * 4)  # the SLO estimate stays on the safe side

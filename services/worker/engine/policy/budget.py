@@ -36,7 +36,7 @@ class StepTimeModel:
             tokens, mean = old
             self._points[key] = (tokens + _EWMA * (num_tokens - tokens), mean + _EWMA * (seconds - mean))
 
-    def estimate(self, num_tokens: int, num_seqs: int) -> float | None:
+    def estimate(self, num_tokens: int, num_seqs: int, fixed_cost_beyond: bool = False) -> float | None:
         """Predicted seconds for a step of that shape; None before the first observed step.
 
         Between two measured sizes it interpolates linearly; past the largest it scales that one's time
@@ -44,6 +44,10 @@ class StepTimeModel:
         the smallest it takes the smallest's time, again an overestimate. With nothing measured at this
         many sequences it borrows the nearest larger count (slower, so again the safe side), else the
         nearest smaller one.
+
+        fixed_cost_beyond: past the largest measured size, extend the line through the two largest
+        instead (their difference is what a token costs; the rest is the step's fixed cost), the
+        realistic guess for what a bigger step would gain, where the safe side is not the point.
         """
         if not self._points:
             return None
@@ -59,6 +63,11 @@ class StepTimeModel:
             return s0 if t1 == t0 else s0 + (s1 - s0) * (num_tokens - t0) / (t1 - t0)
         if below:
             t0, s0 = below[-1]
+            if fixed_cost_beyond and len(below) > 1:
+                t1, s1 = below[-2]
+                per_token = (s0 - s1) / (t0 - t1) if t0 > t1 else 0.0
+                if per_token > 0:
+                    return s0 + per_token * (num_tokens - t0)
             return s0 * num_tokens / t0
         return above[0][1]
 
@@ -85,7 +94,14 @@ class BudgetController:
             size *= 2
         self.candidates = sorted(candidates)
 
-    def choose(self, target_s: float | None, num_seqs: int, floor: int = 0, alone: int = 0) -> int:
+    def choose(
+        self,
+        target_s: float | None,
+        num_seqs: int,
+        floor: int = 0,
+        alone: int = 0,
+        min_efficiency: float = 0.0,
+    ) -> int:
         """This step's budget.
 
         target_s: the longest step the latency work in play can afford (None: no latency work).
@@ -93,6 +109,8 @@ class BudgetController:
         now; the budget never cuts those, it cuts the throughput work scheduled after them. alone: when
         even the smallest step would miss the target, run just this many tokens (the latency work
         alone, below the minimum if need be: the fastest it can go); 0 to keep throughput instead.
+        min_efficiency: the target may shrink the step only as far as its predicted tokens/s stays at
+        least this share of the best budget's (0: as far as the target asks).
         """
         seqs = max(1, num_seqs)
         if target_s is None:
@@ -102,6 +120,8 @@ class BudgetController:
             if fit is None and alone:
                 return min(self.maximum, alone)
             self.current = self._fit_unreachable(seqs) if fit is None else fit
+            if min_efficiency > 0:
+                self.current = max(self.current, self._efficient(seqs, min_efficiency))
         return min(self.maximum, max(self.current, floor, self.minimum))
 
     def _estimate(self, budget: int, seqs: int) -> float | None:
@@ -138,6 +158,33 @@ class BudgetController:
         if shortest is None:
             return self.current
         return self._fit(shortest * _INFEASIBLE_SLACK, seqs) or self.minimum
+
+    def _rate(self, budget: int, seqs: int) -> float | None:
+        """Predicted tokens/s of a step of budget tokens; past the sizes measured, what its fixed cost
+        spread over more tokens would give (so a budget larger than any run yet can be found better)."""
+        seconds = self.model.estimate(budget, min(budget, seqs), fixed_cost_beyond=True)
+        return None if not seconds else budget / seconds
+
+    def _efficient(self, seqs: int, share: float) -> int:
+        """The smallest budget, a multiple of the minimum, predicted to run at least share of the best
+        candidate's tokens/s (0 before anything is measured: no bound yet)."""
+        rates = [(b, r) for b in self.candidates if (r := self._rate(b, seqs)) is not None]
+        if not rates:
+            return 0
+        best_budget, best = max(rates, key=lambda item: item[1])
+        wanted = share * best
+
+        def efficient(budget: int) -> bool:
+            return (self._rate(budget, seqs) or 0.0) >= wanted
+
+        if efficient(self.minimum):
+            return self.minimum
+        # Tokens/s grows with the budget up to the best one: bisect below it, low too slow, high enough.
+        low, high = 1, max(1, best_budget // self.minimum)
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (low, middle) if efficient(middle * self.minimum) else (middle, high)
+        return high * self.minimum if efficient(high * self.minimum) else best_budget
 
     def _grow(self, seqs: int) -> int:
         """Double toward the throughput-optimal budget: the smallest measured one within 5% of the best

@@ -147,7 +147,9 @@ class SchedulingPolicy:
         # Out of reach because a first token is due: run the latency work alone. Out of reach only for
         # an inter-token target: shrinking buys little there, so the controller keeps throughput.
         alone = floor if needs.ttft_slack <= needs.itl else 0
-        return self.budget.choose(None if target == math.inf else target, num_seqs, floor, alone)
+        # Shrinking steps for a smoother stream is bounded by what it costs the throughput classes.
+        efficiency = self.config.itl_min_efficiency if needs.itl < needs.ttft_slack else 0.0
+        return self.budget.choose(None if target == math.inf else target, num_seqs, floor, alone, efficiency)
 
     def _add_need(self, seq: Sequence, now: float, needs: _StepNeeds) -> None:
         """Fold one latency-class sequence into this step's needs."""
