@@ -119,8 +119,8 @@ class WorkerSettings:
     """models: the catalog this worker may serve (name -> checkpoint dir); all are loaded at start.
     node_id None means "<hostname>-<bound port>". advertise_address None means the bound address.
     max_waiting: queued requests per model before new ones get RESOURCE_EXHAUSTED (every class together;
-    class_policies sets each class's own limit, queue timeout and SLOs). scheduling_policy, class_policies
-    and latency_reserve make every engine's PolicyConfig (policy_config()).
+    class_policies sets each class's own limit, queue timeout and SLOs). scheduling_policy, class_policies,
+    latency_reserve and itl_min_efficiency make every engine's PolicyConfig (policy_config()).
     The arena (every model's weights and KV pool, reserved at start): arena_bytes, or on CUDA
     arena_fraction of the free memory; both None picks the device's default, arena_bytes=0 runs without
     an arena. keep_host_copies: an evicted model's weights stay in host memory (pinned on CUDA) for a
@@ -153,6 +153,7 @@ class WorkerSettings:
         default_factory=lambda: DEFAULT_CLASS_POLICIES
     )
     latency_reserve: float = _DEFAULT_POLICY.latency_reserve
+    itl_min_efficiency: float = _DEFAULT_POLICY.itl_min_efficiency
     arena_bytes: int | None = None
     arena_fraction: float | None = None
     keep_host_copies: bool = True
@@ -182,7 +183,10 @@ class WorkerSettings:
     def policy_config(self) -> PolicyConfig:
         """The scheduling policy every engine of this worker runs (ValueError when inconsistent)."""
         return PolicyConfig(
-            name=self.scheduling_policy, classes=self.class_policies, latency_reserve=self.latency_reserve
+            name=self.scheduling_policy,
+            classes=self.class_policies,
+            latency_reserve=self.latency_reserve,
+            itl_min_efficiency=self.itl_min_efficiency,
         )
 
     @classmethod
@@ -215,6 +219,7 @@ class WorkerSettings:
             scheduling_policy=env_enum(environ, p + "SCHEDULING_POLICY", PolicyName.ADAPTIVE),
             class_policies=parse_class_policies(environ.get(p + "CLASS_POLICIES", ""), p + "CLASS_POLICIES"),
             latency_reserve=_fraction(environ, p + "LATENCY_RESERVE", cls.latency_reserve),
+            itl_min_efficiency=_share(environ, p + "ITL_MIN_EFFICIENCY", cls.itl_min_efficiency),
             arena_bytes=_optional_size(environ, p + "ARENA_BYTES"),
             arena_fraction=env_optional_float(environ, p + "ARENA_FRACTION"),
             keep_host_copies=env_bool(environ, p + "KEEP_HOST_COPIES", cls.keep_host_copies),
@@ -232,6 +237,14 @@ def _fraction(environ: Mapping[str, str], name: str, default: float) -> float:
     value = env_float(environ, name, default, minimum=0.0)
     if value >= 1.0:
         raise ValueError(f"{name}={environ[name]!r} must be < 1 (a fraction of the KV pool)")
+    return value
+
+
+def _share(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A float in [0, 1] from environ[name], or default; ValueError naming the variable otherwise."""
+    value = env_float(environ, name, default, minimum=0.0)
+    if value > 1.0:
+        raise ValueError(f"{name}={environ[name]!r} must be <= 1 (a share of the best tokens/s)")
     return value
 
 

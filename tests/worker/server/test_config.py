@@ -79,6 +79,7 @@ def test_policy_config_is_built_from_the_variables(environ: dict, policy: Policy
     environ = {**environ, VAR: '{"BATCH": {"max_waiting": 2}}'}
     config = WorkerSettings.from_env(environ).policy_config()
     assert config.name is policy and config.latency_reserve == reserve
+    assert config.itl_min_efficiency == 0.9
     assert config.classes[WorkloadClass.BATCH].max_waiting == 2
     assert config.classes[WorkloadClass.REALTIME_CHAT] == CHAT
 
@@ -90,12 +91,20 @@ def test_policy_config_is_built_from_the_variables(environ: dict, policy: Policy
         ("HANZO_WORKER_LATENCY_RESERVE", "1", "must be < 1"),
         ("HANZO_WORKER_LATENCY_RESERVE", "-0.1", "must be >= 0"),
         ("HANZO_WORKER_LATENCY_RESERVE", "lots", "is not a number"),
+        ("HANZO_WORKER_ITL_MIN_EFFICIENCY", "1.5", "must be <= 1"),
+        ("HANZO_WORKER_ITL_MIN_EFFICIENCY", "-1", "must be >= 0"),
     ],
 )
 def test_bad_policy_variables_name_the_variable(name: str, raw: str, words: str) -> None:
     with pytest.raises(ValueError) as err:
         WorkerSettings.from_env({name: raw})
     assert name in str(err.value) and words in str(err.value)
+
+
+@pytest.mark.parametrize("raw", ["0", "1", "0.5"])
+def test_itl_min_efficiency_variable_reaches_the_policy(raw: str) -> None:
+    config = WorkerSettings.from_env({"HANZO_WORKER_ITL_MIN_EFFICIENCY": raw}).policy_config()
+    assert config.itl_min_efficiency == float(raw)
 
 
 def test_settings_built_in_code_are_checked_at_construction() -> None:
