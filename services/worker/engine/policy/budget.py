@@ -3,7 +3,8 @@
 StepTimeModel keeps an exponentially weighted mean of the measured step time per batch shape
 (tokens rounded up to a power of two, sequences rounded up to a power of two). BudgetController picks,
 each step, the largest budget (in steps of its minimum) whose predicted step time meets the tightest
-latency target in play, or, with only throughput work present, grows toward the budget with the best
+latency target in play (for an inter-token target, no smaller than keeps a given share of the best
+predicted tokens/second), or, with only throughput work present, grows toward the budget with the best
 measured tokens/second.
 """
 
