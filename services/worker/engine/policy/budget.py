@@ -26,10 +26,16 @@ class StepTimeModel:
 
     def __init__(self) -> None:
         self._points: dict[tuple[int, int], tuple[float, float]] = {}  # -> (mean tokens, mean seconds)
+        # Per sequence bucket, its points sorted by tokens: the controller estimates a dozen sizes a step
+        # and the model changes once a step, so sort once per change rather than per estimate.
+        self._sorted: dict[int, list[tuple[float, float]]] = {}
+        self._seq_buckets: set[int] = set()
 
     def observe(self, num_tokens: int, num_seqs: int, seconds: float) -> None:
         """Record one step that computed num_tokens >= 1 tokens for num_seqs >= 1 sequences."""
         key = (_bucket(num_tokens), _bucket(num_seqs))
+        self._sorted.pop(key[1], None)
+        self._seq_buckets.add(key[1])
         old = self._points.get(key)
         if old is None:
             self._points[key] = (float(num_tokens), seconds)
@@ -52,11 +58,7 @@ class StepTimeModel:
         """
         if not self._points:
             return None
-        seq_buckets = {q for _, q in self._points}
-        wanted = _bucket(num_seqs)
-        larger = [q for q in seq_buckets if q >= wanted]
-        seq_bucket = min(larger) if larger else max(seq_buckets)
-        points = sorted(point for (_, q), point in self._points.items() if q == seq_bucket)
+        points = self._points_near(_bucket(num_seqs))
         below = [(t, s) for t, s in points if t <= num_tokens]
         above = [(t, s) for t, s in points if t >= num_tokens]
         if below and above:
@@ -71,6 +73,17 @@ class StepTimeModel:
                     return s0 + per_token * (num_tokens - t0)
             return s0 * num_tokens / t0
         return above[0][1]
+
+    def _points_near(self, wanted: int) -> list[tuple[float, float]]:
+        """The measured (tokens, seconds) points, by tokens, of the smallest sequence bucket >= wanted,
+        else of the largest one."""
+        larger = [q for q in self._seq_buckets if q >= wanted]
+        seq_bucket = min(larger) if larger else max(self._seq_buckets)
+        points = self._sorted.get(seq_bucket)
+        if points is None:
+            points = sorted(point for (_, q), point in self._points.items() if q == seq_bucket)
+            self._sorted[seq_bucket] = points
+        return points
 
     def throughput(self, num_tokens: int, num_seqs: int) -> float | None:
         """Measured tokens/second of steps in that shape's bucket; None if never measured."""
