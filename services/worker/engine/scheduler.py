@@ -312,13 +312,15 @@ class Scheduler:
         n = min(head.num_tokens - head.num_computed_tokens, budget)
         while True:
             holding = end + num_new
+            seats = self.config.max_num_seqs
             if holding == 0:
                 # Alone in the engine it must get in (it fits the pool; add() checked), or nothing moves.
                 need, reserve = n, 0
             else:
                 need = max(n, policy.tokens_to_hold(head))
                 reserve = self._watermark_blocks + int(policy.reserve_fraction(head) * bm.num_blocks)
-            seated = holding < self.config.max_num_seqs
+                seats -= policy.reserved_seats(head, seats)
+            seated = holding < seats
             if seated and bm.blocks_needed(head, need) + reserve <= bm.num_free_blocks:
                 break
             if end <= i or not policy.outranks(head, running[end - 1]):

@@ -236,7 +236,7 @@ def _fraction(environ: Mapping[str, str], name: str, default: float) -> float:
     """A float in [0, 1) from environ[name], or default; ValueError naming the variable otherwise."""
     value = env_float(environ, name, default, minimum=0.0)
     if value >= 1.0:
-        raise ValueError(f"{name}={environ[name]!r} must be < 1 (a fraction of the KV pool)")
+        raise ValueError(f"{name}={environ[name]!r} must be < 1 (a share of the KV pool and of the seats)")
     return value
 
 

@@ -137,6 +137,22 @@ def test_urgent_batch_only_uses_room_that_is_free(case: str, config: dict, expec
         assert urgent.num_tokens == [16] and urgent.will_sample == [False]
 
 
+@pytest.mark.parametrize(("latency_reserve", "batch_seats", "nested"), [(0.1, 18, ["chat"]), (0.0, 20, [])])
+def test_throughput_classes_leave_seats_for_nested_latency_prompts(
+    latency_reserve: float, batch_seats: int, nested: list[str]
+) -> None:
+    sched = scheduler(
+        num_blocks=128, max_num_seqs=20, latency_reserve=latency_reserve, expected_output_tokens=0
+    )
+    for i in range(25):
+        sched.add(seq(f"doc-{i}", BATCH, prompt=8))
+    running = sched.schedule(T0)
+    assert running is not None and len(running.seqs) == batch_seats  # 10% of 20 seats kept back
+    sched.add(seq("chat", RT, prompt=8))
+    urgent = sched.schedule_urgent(T0)  # mid-step: only a free seat will do
+    assert (ids(urgent.seqs) if urgent else []) == nested
+
+
 def test_polling_applies_adds_and_keeps_everything_after_another_command_in_order(
     llama_gqa_dir: Path,
 ) -> None:

@@ -71,7 +71,8 @@ class PolicyName(enum.StrEnum):
 class PolicyConfig:
     """The scheduling policy's knobs.
 
-    latency_reserve: fraction of KV blocks that only latency-sensitive classes may take at admission.
+    latency_reserve: fraction of KV blocks, and of seats in the running set, that only latency-sensitive
+    classes may take at admission (a prompt arriving mid-step runs nested only in free seats and blocks).
     expected_output_tokens: growth an admission must leave room for, beyond the prompt (capped by the
     request's max_tokens), so a new request does not force a preemption a few steps later.
     min_batched_tokens: the budget never shrinks below this (latency work always gets its own tokens).

@@ -78,6 +78,13 @@ class SchedulingPolicy:
         """Share of the KV pool seq's admission must leave free for latency classes."""
         return 0.0 if not self.adaptive or self.is_latency(seq) else self.config.latency_reserve
 
+    def reserved_seats(self, seq: Sequence, max_num_seqs: int) -> int:
+        """Seats of the running set seq's admission must leave free for latency classes: the same share
+        as the KV reserve. A latency prompt arriving mid-step can only run nested in a free seat (nothing
+        running is displaced while a step executes), so a full house of batch work would make it wait
+        for the step's end."""
+        return int(self.reserve_fraction(seq) * max_num_seqs)
+
     def tokens_to_hold(self, seq: Sequence) -> int:
         """Tokens whose KV must fit before seq is admitted: its whole remaining prompt plus expected
         output under adaptive (so admission does not cause a preemption a few steps later); 0 under
