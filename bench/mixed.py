@@ -103,6 +103,8 @@ def parse_args() -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value <= 0:
             parser.error(f"--{name.replace('_', '-')} must be > 0")
+    if args.itl_min_efficiency is not None and not 0.0 <= args.itl_min_efficiency <= 1.0:
+        parser.error("--itl-min-efficiency must be in [0, 1]")
     if args.rounds is not None and args.rounds < 1:
         parser.error("--rounds must be at least 1")
     if args.max_num_batched_tokens < 1 or args.max_num_seqs < 1 or args.threads < 0:
