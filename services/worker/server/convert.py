@@ -19,6 +19,7 @@ def sampling_params(proto: inference_pb2.SamplingParams) -> SamplingParams:
         "stop": tuple(proto.stop),
         "stop_token_ids": tuple(proto.stop_token_ids),
         "ignore_eos": proto.ignore_eos,
+        "min_tokens": proto.min_tokens,
     }
     for name in ("temperature", "top_p", "max_tokens", "seed"):
         if proto.HasField(name):

@@ -16,6 +16,7 @@ from services.common.workload import WorkloadClass
 from services.worker.engine.errors import AdmissionError
 from services.worker.engine.outputs import RequestOutput
 from services.worker.engine.policy.classes import SchedulingHints
+from services.worker.server.chat import chat_prompt
 from services.worker.server.convert import FINISH_REASONS, prompt_of, sampling_params
 from services.worker.server.host import ModelHost
 from services.worker.server.metrics import WorkerMetrics
@@ -59,7 +60,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         scheduler orders by (None: the caller set none). Raises typed errors (see error_status)."""
         llm = self.host.generator(request.model)
         params = sampling_params(request.sampling)
-        prompt = prompt_of(request)
+        if request.WhichOneof("input") == "chat":
+            prompt = chat_prompt(request.chat, llm.engine.tokenizer, llm.engine.layout.max_model_len)
+        else:
+            prompt = prompt_of(request)
         workload = _workload(request.workload_class)
         labels = (request.model, workload.name)
         scheduler = llm.engine.scheduler
