@@ -10,6 +10,7 @@ if __name__ == "__main__":
     run(
         lambda: WorkerApp(WorkerSettings.from_env()),
         lambda app: (
-            f"WORKER_READY address={app.address} node_id={app.node_id} metrics_port={app.metrics_port}"
+            f"WORKER_READY address={app.address} node_id={app.node_id} metrics_port={app.metrics_port} "
+            f"models={','.join(app.host.models) or '-'} serving={app.serving}"
         ),
     )

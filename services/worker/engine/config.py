@@ -6,16 +6,18 @@ from dataclasses import dataclass
 
 from services.worker.engine.policy.classes import PolicyConfig, PolicyName
 
-_DEFAULT_CPU_KV_BYTES = 256 * 1024**2
+# Sized for real models, as vLLM's CPU backend sizes its KV space in GiB: SmolLM2-135M in float32 keeps
+# 46 KB of KV per token, so 256 MiB (the old default) held 5,800 tokens and starved the batch of seats.
+_DEFAULT_CPU_KV_BYTES = 2 * 1024**3
 
 
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     """How one decoder engine runs.
 
-    kv_cache_bytes: byte budget of the paged KV pool; None means 256 MiB on CPU, or
+    kv_cache_bytes: byte budget of the paged KV pool; None means 2 GiB on CPU, or
     gpu_memory_utilization of the device's free memory (after loading weights) on CUDA; for an engine
-    built in an arena (LLMEngine(memory=...)) None means 256 MiB on any device. A pool sized for None is
+    built in an arena (LLMEngine(memory=...)) None means 2 GiB on any device. A pool sized for None is
     also capped at what max_num_seqs full contexts could use.
     max_model_len: None means the checkpoint's context length.
     max_num_batched_tokens: the largest per-step token budget; the policy chooses each step's budget.
@@ -70,7 +72,7 @@ class EngineLayout:
 
 
 def default_kv_bytes(config: EngineConfig, device_free_bytes: int | None) -> int:
-    """The KV pool budget in bytes: configured, else a fraction of free device memory, else 256 MiB."""
+    """The KV pool budget in bytes: configured, else a fraction of free device memory, else 2 GiB."""
     if config.kv_cache_bytes is not None:
         return config.kv_cache_bytes
     if device_free_bytes is not None:

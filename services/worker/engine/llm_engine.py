@@ -80,7 +80,7 @@ class LLMEngine(KVPoolResizing):
         the model in a new partition of its arena instead (named model_name; None: the directory's
         name, or the name the host copy was evicted under): weights and KV cache are views of it, so
         serving allocates no cache or weight memory. The KV pool is then EngineConfig.kv_cache_bytes
-        (None: 256 MiB, capped at what max_num_seqs full contexts could use); config.device must be the
+        (None: 2 GiB, capped at what max_num_seqs full contexts could use); config.device must be the
         arena's device."""
         self.config = config or EngineConfig()
         self.device = torch.device(self.config.device)

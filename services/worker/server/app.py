@@ -50,6 +50,7 @@ class WorkerApp:
         self._placer_channel: grpc.aio.Channel | None = None
         self.heartbeat: Heartbeat | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        self._serving = False  # what health says, kept in step with `serving`
 
     async def start(self) -> None:
         for name in self.settings.models:
@@ -60,7 +61,14 @@ class WorkerApp:
                 # The rest of the catalog still serves; this one can be loaded later (LoadModel, placer).
                 log.error("not serving %s from the start: %s", name, exc)
         await self.server.start()
-        await set_serving(self.health, ["", SERVICE_NAME], True)
+        self._serving = self.serving
+        if not self._serving:
+            log.error(
+                "no model of the catalog (%s) could be loaded: health NOT_SERVING, and the placer is told "
+                "to offer this worker nothing until a model loads (LoadModel)",
+                ", ".join(self.settings.models),
+            )
+        await set_serving(self.health, ["", SERVICE_NAME], self._serving)
         if self.settings.metrics_port is not None:
             http_server, _ = start_http_server(self.settings.metrics_port, registry=self.metrics.registry)
             self.metrics_port = http_server.server_port
@@ -92,10 +100,15 @@ class WorkerApp:
             await self._placer_channel.close()
         shutdown_tracing(self.tracer_provider)
 
+    @property
+    def serving(self) -> bool:
+        """False while a worker given models has none resident: every request would fail here."""
+        return bool(self.host.models) or not self.settings.models
+
     def _report(self) -> placer_pb2.NodeReport:
-        return node_report(
-            self.node_id, self.advertise_address, self.settings, self.host, self.servicer.draining
-        )
+        # A worker serving nothing reports itself draining: the placer offers draining nodes nothing.
+        draining = self.servicer.draining or not self.serving
+        return node_report(self.node_id, self.advertise_address, self.settings, self.host, draining)
 
     async def _rebalance_kv(self) -> None:
         """KV repartitioning between resident decoders, every kv_rebalance_interval_s."""
@@ -107,8 +120,11 @@ class WorkerApp:
                 log.exception("KV rebalancing failed")
 
     async def _gauges(self) -> None:
-        """Refresh the engine-state metrics (cheap reads) once a second."""
+        """Refresh the engine-state metrics (cheap reads), and health once a model loads, once a second."""
         while True:
             self.metrics.refresh(list(self.host.models.values()))
             self.metrics.refresh_memory(self.host)
+            if self.serving != self._serving and not self.servicer.draining:
+                self._serving = self.serving
+                await set_serving(self.health, ["", SERVICE_NAME], self._serving)
             await asyncio.sleep(1.0)

@@ -31,11 +31,16 @@ from services.worker.engine.policy.classes import (
 
 _POLICY_FIELDS = tuple(f.name for f in dataclasses.fields(ClassPolicy))
 _DEFAULT_POLICY = PolicyConfig()
-# A CPU arena is ordinary virtual memory: pages no model or KV pool touched cost nothing. Still not
-# huge: fork() of a process holding several (in-process test workers) is refused under the kernel's
-# heuristic overcommit. On CUDA the arena takes this fraction of the memory free at start.
-DEFAULT_CPU_ARENA_BYTES = 1 << 30
+# A CPU arena is ordinary virtual memory: pages no model or KV pool touched cost nothing. Sized for a
+# real model (weights plus the 2 GiB KV pool a decoder gets by default) but not huge: fork() of a process
+# holding several (in-process test workers) is refused under the kernel's heuristic overcommit, hence a
+# quarter of the memory available at start, within [1 GiB, 8 GiB]. On CUDA the arena takes this
+# fraction of the memory free at start.
+MIN_CPU_ARENA_BYTES = 1 << 30
+MAX_CPU_ARENA_BYTES = 8 << 30
+CPU_ARENA_SHARE = 0.25
 DEFAULT_CUDA_ARENA_FRACTION = 0.9
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def parse_models(raw: str, variable: str) -> dict[str, Path]:
@@ -138,8 +143,9 @@ class WorkerSettings:
     placer_address: str = "127.0.0.1:50051"
     models: dict[str, Path] = field(default_factory=dict)
     device: str = "cpu"
-    dtype: str = "float32"
+    dtype: str = "auto"
     kv_cache_bytes: int | None = None
+    max_model_len: int | None = None
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     max_waiting: int = 256
@@ -163,6 +169,10 @@ class WorkerSettings:
     kv_donor_min_blocks: int = 16
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"HANZO_WORKER_DTYPE={self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"HANZO_WORKER_MAX_MODEL_LEN={self.max_model_len} must be >= 2")
         self.policy_config()  # a bad policy fails at start, not at the first model load
         if self.arena_bytes is not None and self.arena_fraction is not None:
             raise ValueError("set HANZO_WORKER_ARENA_BYTES or HANZO_WORKER_ARENA_FRACTION, not both")
@@ -178,7 +188,7 @@ class WorkerSettings:
             return self.arena_fraction, self.arena_bytes
         if self.device.startswith("cuda"):
             return DEFAULT_CUDA_ARENA_FRACTION, None
-        return None, DEFAULT_CPU_ARENA_BYTES
+        return None, default_cpu_arena_bytes()
 
     def policy_config(self) -> PolicyConfig:
         """The scheduling policy every engine of this worker runs (ValueError when inconsistent)."""
@@ -204,6 +214,7 @@ class WorkerSettings:
             device=env_str(environ, p + "DEVICE", cls.device),
             dtype=env_str(environ, p + "DTYPE", cls.dtype),
             kv_cache_bytes=env_optional_int(environ, p + "KV_CACHE_BYTES"),
+            max_model_len=env_optional_int(environ, p + "MAX_MODEL_LEN"),
             max_num_seqs=env_int(environ, p + "MAX_NUM_SEQS", cls.max_num_seqs, minimum=1),
             max_num_batched_tokens=env_int(
                 environ, p + "MAX_NUM_BATCHED_TOKENS", cls.max_num_batched_tokens, 1
@@ -230,6 +241,28 @@ class WorkerSettings:
             ),
             kv_donor_min_blocks=env_int(environ, p + "KV_DONOR_MIN_BLOCKS", cls.kv_donor_min_blocks, 1),
         )
+
+
+def default_cpu_arena_bytes() -> int:
+    """The CPU arena's size when none is configured: CPU_ARENA_SHARE of the memory available now (Linux
+    MemAvailable; the total where that cannot be read), within [MIN, MAX]_CPU_ARENA_BYTES."""
+    available = _mem_available_bytes()
+    if available is None:
+        return MIN_CPU_ARENA_BYTES
+    return int(min(max(available * CPU_ARENA_SHARE, MIN_CPU_ARENA_BYTES), MAX_CPU_ARENA_BYTES))
+
+
+def _mem_available_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return None
 
 
 def _fraction(environ: Mapping[str, str], name: str, default: float) -> float:

@@ -3,6 +3,7 @@ from its checkpoint or from the host copy kept when it was evicted, in the worke
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,10 +13,14 @@ from services.worker.engine.async_llm import AsyncLLM
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.embedding import EmbeddingEngine
 from services.worker.engine.llm_engine import LLMEngine
+from services.worker.memory.errors import format_bytes
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
 from services.worker.models.config import EncoderConfig, load_model_config
+from services.worker.models.dtype_choice import resolve_dtype
 from services.worker.server.config import WorkerSettings
+
+log = logging.getLogger(__name__)
 
 GENERATE = "generate"
 EMBED = "embed"
@@ -60,20 +65,30 @@ def build_model(
     nothing is read from disk). Blocks for as long as loading takes: call it off the event loop. Raises
     CheckpointError for a bad checkpoint, OutOfMemoryError when its partition does not fit the arena."""
     s = settings
-    origin = "host_copy" if isinstance(source, HostCopy) else "disk"
-    config = source.config if isinstance(source, HostCopy) else load_model_config(source)
+    if isinstance(source, HostCopy):  # its weights are already in their dtype
+        origin, config, dtype = "host_copy", source.config, str(source.dtype).removeprefix("torch.")
+    else:
+        origin, config = "disk", load_model_config(source)
+        dtype = resolve_dtype(s.dtype, s.device, config)
     if isinstance(config, EncoderConfig):
-        embedder = EmbeddingEngine(source, dtype=s.dtype, device=s.device, memory=memory, model_name=name)
+        embedder = EmbeddingEngine(source, dtype=dtype, device=s.device, memory=memory, model_name=name)
         return ServedModel(name, EMBED, embedder.weight_bytes, origin, embedder=embedder)
     engine_config = EngineConfig(
-        dtype=s.dtype,
+        dtype=dtype,
         device=s.device,
         kv_cache_bytes=s.kv_cache_bytes,
         max_num_seqs=s.max_num_seqs,
         max_num_batched_tokens=s.max_num_batched_tokens,
+        max_model_len=s.max_model_len,
         policy=s.policy_config(),
     )
     engine = LLMEngine(source, engine_config, memory=memory, model_name=name)
+    layout = engine.layout
+    log.info(
+        "%s: %s, KV pool %s = %d tokens (%d blocks of %d), context %d tokens, %d seats",
+        name, dtype, format_bytes(layout.kv_cache_bytes), layout.num_kv_blocks * layout.block_size,
+        layout.num_kv_blocks, layout.block_size, layout.max_model_len, s.max_num_seqs,
+    )  # fmt: skip
     weight_bytes = engine.partition.weight_bytes if engine.partition else _module_bytes(engine.runner.model)
     return ServedModel(name, GENERATE, weight_bytes, origin, llm=AsyncLLM(engine))
 

@@ -9,7 +9,12 @@ import pytest
 
 from services.common.workload import WorkloadClass
 from services.worker.engine.policy.classes import DEFAULT_CLASS_POLICIES, PolicyName
-from services.worker.server.config import WorkerSettings, parse_class_policies
+from services.worker.server.config import (
+    MAX_CPU_ARENA_BYTES,
+    MIN_CPU_ARENA_BYTES,
+    WorkerSettings,
+    parse_class_policies,
+)
 
 VAR = "HANZO_WORKER_CLASS_POLICIES"
 BATCH = DEFAULT_CLASS_POLICIES[WorkloadClass.BATCH]
@@ -133,7 +138,6 @@ def test_bad_memory_variables_name_the_variable(environ: dict[str, str], words: 
 @pytest.mark.parametrize(
     ("environ", "expected"),
     [
-        ({}, (None, 1 << 30)),  # CPU default: a byte budget
         ({"HANZO_WORKER_DEVICE": "cuda"}, (0.9, None)),  # CUDA default: a fraction of free memory
         ({"HANZO_WORKER_ARENA_BYTES": "0"}, (None, None)),  # no arena
         ({"HANZO_WORKER_ARENA_FRACTION": "0.5", "HANZO_WORKER_DEVICE": "cuda"}, (0.5, None)),
@@ -141,3 +145,9 @@ def test_bad_memory_variables_name_the_variable(environ: dict[str, str], words: 
 )
 def test_arena_size_defaults_per_device(environ: dict[str, str], expected: tuple[object, object]) -> None:
     assert WorkerSettings.from_env(environ).arena_size() == expected
+
+
+def test_cpu_arena_default_is_a_share_of_available_memory_within_bounds() -> None:
+    fraction, byte_budget = WorkerSettings.from_env({}).arena_size()
+    assert fraction is None and byte_budget is not None
+    assert MIN_CPU_ARENA_BYTES <= byte_budget <= MAX_CPU_ARENA_BYTES
