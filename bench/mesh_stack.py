@@ -104,6 +104,7 @@ class MeshStack:
             "services.gateway",
             "GATEWAY_READY",
             HANZO_GATEWAY_PORT="0",
+            HANZO_GATEWAY_HTTP_PORT="off",  # the bench drives gRPC; a fixed HTTP port would collide
             HANZO_GATEWAY_PLACER_ADDRESS=placer_address,
             HANZO_GATEWAY_API_KEYS=self.api_key,
             HANZO_GATEWAY_PLACEMENT=self.placement,

@@ -28,12 +28,6 @@ def template_inputs(chat: inference_pb2.ChatInput) -> tuple[list[dict[str, Any]]
     return messages, tools
 
 
-def conversation_key(chat: inference_pb2.ChatInput) -> str:
-    """A cheap text standing for the conversation's start, for prefix affinity: turns of one
-    conversation share it, as their templated prompts share a prefix."""
-    return "".join(f"\x1e{m.role}\x1f{m.content}" for m in chat.messages)
-
-
 def _message(index: int, message: inference_pb2.ChatMessage) -> dict[str, Any]:
     field = f"messages[{index}]"
     if message.role not in ROLES:

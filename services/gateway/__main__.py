@@ -9,5 +9,8 @@ from services.gateway.config import GatewaySettings
 if __name__ == "__main__":
     run(
         lambda: GatewayApp(GatewaySettings.from_env()),
-        lambda app: f"GATEWAY_READY address={app.address} metrics_port={app.metrics_port}",
+        lambda app: (
+            f"GATEWAY_READY address={app.address} metrics_port={app.metrics_port} "
+            f"http_address={app.http_address}"
+        ),
     )

@@ -1,4 +1,5 @@
-"""API-key authentication: `authorization: Bearer <key>` against the configured keys."""
+"""API-key authentication: `authorization: Bearer <key>` against the configured keys (gRPC metadata and
+the HTTP front's headers alike)."""
 
 from __future__ import annotations
 
@@ -9,19 +10,26 @@ from services.common.errors import Unauthenticated
 
 
 class ApiKeys:
-    """Called with each call's metadata before its handler runs; raises Unauthenticated saying what is
-    wrong with the caller's header."""
+    """Called with each call's metadata (or an HTTP request's headers, any mapping with lower-case
+    `authorization`) before its handler runs; raises Unauthenticated saying what is wrong with it."""
 
     def __init__(self, keys: frozenset[str]) -> None:
         self.keys = keys
+        # Bytes: compare_digest refuses str with non-ASCII characters, which an HTTP header may carry.
+        self._known = tuple(k.encode() for k in keys)
 
     def __call__(self, metadata: Mapping[str, str]) -> None:
         header = metadata.get("authorization", "")
         if not header:
-            raise Unauthenticated("missing `authorization: Bearer <key>` metadata")
+            raise Unauthenticated("missing `authorization: Bearer <key>`")
         scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key:
+        if scheme.lower() != "bearer" or not key.strip():
             raise Unauthenticated("authorization must be `Bearer <key>`")
-        # Constant-time comparison against every key, so timing does not reveal a prefix.
-        if not any(hmac.compare_digest(key.strip(), known) for known in self.keys):
+        offered = key.strip().encode("utf-8", "surrogateescape")
+        # Constant time: every key is compared (no early exit on a match), each in constant time, so
+        # timing reveals neither a matching prefix nor which key matched.
+        matched = False
+        for known in self._known:
+            matched |= hmac.compare_digest(offered, known)
+        if not matched:
             raise Unauthenticated("unknown API key")

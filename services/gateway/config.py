@@ -13,7 +13,10 @@ from services.common.env import env_float, env_int, env_optional_int, env_str
 @dataclass(frozen=True)
 class GatewaySettings:
     """api_keys empty: the gateway runs open (and says so at start). max_attempts: workers tried for one
-    request while no token has been sent. zone/rack/hostname: where the gateway runs, for topology."""
+    request while no token has been sent. zone/rack/hostname: where the gateway runs, for topology.
+    http_port: the OpenAI-compatible HTTP front's port on host (0 picks a free one; None serves none).
+    http_timeout_s: the longest an HTTP request may run (a caller's `timeout` header may only shorten
+    it), so a hung request ends with 504. http_max_body_bytes: larger request bodies get 413."""
 
     host: str = "127.0.0.1"
     port: int = 50050
@@ -34,6 +37,9 @@ class GatewaySettings:
     key_prefix: str = "hanzo"
     resync_interval_s: float = 5.0
     demand_window_s: float = 5.0
+    http_port: int | None = 8000  # vLLM's default port, so OpenAI clients configured for it just work
+    http_timeout_s: float = 600.0
+    http_max_body_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.placement not in ("remote", "embedded"):
@@ -61,4 +67,17 @@ class GatewaySettings:
             key_prefix=env_str(environ, p + "KEY_PREFIX", cls.key_prefix),
             resync_interval_s=env_float(environ, p + "RESYNC_INTERVAL_S", cls.resync_interval_s, 0.01),
             demand_window_s=env_float(environ, p + "DEMAND_WINDOW_S", cls.demand_window_s, 0.01),
+            http_port=_http_port(environ, p + "HTTP_PORT"),
+            http_timeout_s=env_float(environ, p + "HTTP_TIMEOUT_S", cls.http_timeout_s, 0.001),
+            http_max_body_bytes=env_int(environ, p + "HTTP_MAX_BODY_BYTES", cls.http_max_body_bytes, 1),
         )
+
+
+def _http_port(environ: Mapping[str, str], name: str) -> int | None:
+    """Unset: 8000; empty or "off": no HTTP front; else a port (0: a free one)."""
+    raw = environ.get(name)
+    if raw is None:
+        return GatewaySettings.http_port
+    if raw.strip().lower() in ("", "off"):
+        return None
+    return env_int(environ, name, 0, minimum=0)

@@ -1,10 +1,14 @@
-"""Gateway metrics in the service's own registry."""
+"""Gateway metrics in the service's own registry, per method and transport (gRPC or the HTTP front)."""
 
 from __future__ import annotations
 
+import grpc
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from services.common.workload import WorkloadClass
+
+GRPC = "grpc"
+HTTP = "http"
 
 
 class GatewayMetrics:
@@ -12,8 +16,8 @@ class GatewayMetrics:
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "hanzo_gateway_requests",
-            "Requests by method, workload class and final status",
-            ["method", "workload_class", "code"],
+            "Requests by method, workload class, final status and transport (grpc, http)",
+            ["method", "workload_class", "code", "transport"],
             registry=r,
         )
         self.retries = Counter(
@@ -22,15 +26,43 @@ class GatewayMetrics:
             ["workload_class"],
             registry=r,
         )
-        ttft = Histogram(
+        self.ttft = Histogram(
             "hanzo_gateway_time_to_first_token_seconds",
             "Request arrival at the gateway to the first streamed token",
-            ["workload_class"],
+            ["workload_class", "transport"],
             buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
             registry=r,
         )
-        # Children resolved once: a labels() lookup per streamed request is measurable on the hot path.
-        self.ttft: dict[WorkloadClass, Histogram] = {w: ttft.labels(w.name) for w in WorkloadClass}
-        self.generated: dict[WorkloadClass, Counter] = {
-            w: self.requests.labels("Generate", w.name, "OK") for w in WorkloadClass
+        self.http_responses = Counter(
+            "hanzo_gateway_http_responses",
+            "HTTP front responses by route and status (a stream counts once, by the status it began with)",
+            ["route", "status"],
+            registry=r,
+        )
+
+    def tally(self, method: str, transport: str) -> Tally:
+        """The counters of one method on one transport; build once, at start."""
+        return Tally(self, method, transport)
+
+
+class Tally:
+    """One method's counters on one transport with their children resolved once: a labels() lookup per
+    streamed request is measurable on the hot path."""
+
+    def __init__(self, metrics: GatewayMetrics, method: str, transport: str) -> None:
+        self._requests = metrics.requests
+        self.method = method
+        self.transport = transport
+        self.ok: dict[WorkloadClass, Counter] = {
+            w: metrics.requests.labels(method, w.name, "OK", transport) for w in WorkloadClass
         }
+        self.ttft: dict[WorkloadClass, Histogram] = {
+            w: metrics.ttft.labels(w.name, transport) for w in WorkloadClass
+        }
+        self.retries: dict[WorkloadClass, Counter] = {
+            w: metrics.retries.labels(w.name) for w in WorkloadClass
+        }
+
+    def failed(self, workload: WorkloadClass, code: grpc.StatusCode) -> None:
+        """Count a request that ended with code (failures are rare: the lookup is fine here)."""
+        self._requests.labels(self.method, workload.name, code.name, self.transport).inc()

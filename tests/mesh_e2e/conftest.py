@@ -4,7 +4,9 @@ all exporting spans to one in-memory exporter (so one request's trace can be che
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+import json
+import shutil
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,8 +45,10 @@ async def running_mesh(
     model_dirs: dict[str, Path],
     workers: int = 2,
     placement: str = "remote",
+    gateway_overrides: dict[str, object] | None = None,
     **worker_overrides: object,
 ) -> AsyncIterator[Mesh]:
+    """gateway_overrides: GatewaySettings fields over the defaults here (the HTTP front on a free port)."""
     spans = InMemorySpanExporter()
     placer = PlacerApp(
         PlacerSettings(redis_url=redis_url, port=0, heartbeat_interval_s=0.3, resync_interval_s=0.5),
@@ -70,6 +74,7 @@ async def running_mesh(
             placement=placement,
             redis_url=redis_url,
             resync_interval_s=0.5,
+            **{"http_port": 0, **(gateway_overrides or {})},  # type: ignore[arg-type]
         ),
         make_tracer_provider("hanzo-gateway", spans),
     )
@@ -105,3 +110,24 @@ def model_dirs(llama_gqa_dir: Path, minilm_dir: Path) -> dict[str, Path]:
 async def mesh(redis_server: RedisServer, model_dirs: dict[str, Path]) -> AsyncIterator[Mesh]:
     async with running_mesh(redis_server.url, model_dirs) as running:
         yield running
+
+
+@pytest.fixture(scope="module")
+def module_redis(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A redis-server shared by one module's tests (for a mesh built once per module)."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def no_template_dir(llama_gqa_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama without a chat template: a model that cannot serve Chat."""
+    out = tmp_path_factory.mktemp("no_template") / "model"
+    shutil.copytree(llama_gqa_dir, out)
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("chat_template", None)
+    config_path.write_text(json.dumps(config))
+    return out

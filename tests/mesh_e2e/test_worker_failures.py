@@ -48,7 +48,8 @@ def process_mesh(redis_server: RedisServer, llama_gqa_dir: Path, tmp_path: Path)
         )  # fmt: skip
     gateway = start_service(
         "gateway", "services.gateway",
-        {"HANZO_GATEWAY_PORT": "0", "HANZO_GATEWAY_PLACER_ADDRESS": placer.ready["address"],
+        {"HANZO_GATEWAY_PORT": "0", "HANZO_GATEWAY_HTTP_PORT": "0",
+         "HANZO_GATEWAY_PLACER_ADDRESS": placer.ready["address"],
          "HANZO_GATEWAY_REDIS_URL": redis_server.url,
          "HANZO_GATEWAY_ZONE": "z1", "HANZO_GATEWAY_RACK": "r1", "HANZO_GATEWAY_HOSTNAME": "gateway-host"},
         "GATEWAY_READY", tmp_path / "gateway.log",

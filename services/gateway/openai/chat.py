@@ -1,0 +1,116 @@
+"""POST /v1/chat/completions: OpenAI's chat body as a GenerateRequest with chat input (the worker renders
+it with the model's own chat template), and the reply in OpenAI's chat.completion shape."""
+
+from __future__ import annotations
+
+import json
+
+from hanzo.inference.v1 import inference_pb2
+from services.gateway.openai.errors import invalid
+from services.gateway.openai.sampling import fill_generate
+from services.gateway.openai.schemas import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletion,
+    ChatCompletionRequest,
+    Message,
+    ToolDef,
+)
+from services.gateway.openai.streaming import Chunks, Outcome, usage_of
+
+# vLLM's chat default: no budget means "until the reply ends or the context is full" (the engine stops
+# at its context length), not the proto's 16. Set after classification, which reads an unset budget
+# as a conversation turn.
+UNTIL_CONTEXT_END = 2**31 - 1
+_TOOL_CHOICES = (None, "auto", "none")
+
+
+def to_generate(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
+    """The request to route; HttpError (400) naming the field for what the mesh cannot serve. Roles and
+    tools are checked by the request path itself (services.common.chat), as for the gRPC Chat."""
+    if body.logprobs:
+        raise invalid("logprobs", "is not supported by this server")
+    if body.tool_choice not in _TOOL_CHOICES:
+        # Forcing a call needs guided decoding; "auto" (the model decides) is what templates render.
+        raise invalid("tool_choice", "only 'auto' and 'none' are supported")
+    fmt = (body.response_format or {}).get("type", "text")
+    if fmt != "text":
+        raise invalid("response_format", f"type {fmt!r} is not supported; only 'text'")
+    request = inference_pb2.GenerateRequest(model=body.model)
+    chat = request.chat
+    chat.SetInParent()  # an empty message list still selects chat input (the request path refuses it)
+    for i, message in enumerate(body.messages):
+        chat.messages.append(_message(i, message))
+    for i, tool in enumerate(body.tools or ()):
+        chat.tools.append(_tool(i, tool))
+    budget = body.max_completion_tokens or body.max_tokens
+    fill_generate(body, request, budget)
+    return request
+
+
+def fill_default_budget(request: inference_pb2.GenerateRequest) -> None:
+    """After classification: no max_tokens means until the reply ends (as OpenAI and vLLM do)."""
+    if not request.sampling.HasField("max_tokens"):
+        request.sampling.max_tokens = UNTIL_CONTEXT_END
+
+
+def reply(outcome: Outcome, request_id: str, created: int, model: str) -> ChatCompletion:
+    """The non-streamed chat.completion for a finished generation."""
+    return ChatCompletion.model_construct(
+        id=f"chatcmpl-{request_id}",
+        object="chat.completion",
+        created=created,
+        model=model,
+        choices=[
+            ChatChoice.model_construct(
+                index=0,
+                message=AssistantMessage.model_construct(role="assistant", content=outcome.text),
+                logprobs=None,
+                finish_reason=outcome.finish_reason,
+            )
+        ],
+        usage=usage_of(outcome.usage),
+    )
+
+
+def chunks(request_id: str, created: int, model: str) -> Chunks:
+    """The stream's chunk writer: chat.completion.chunk, the first delta naming the assistant role."""
+    return Chunks(f"chatcmpl-{request_id}", "chat.completion.chunk", created, model, chat=True)
+
+
+def _message(index: int, message: Message) -> inference_pb2.ChatMessage:
+    # OpenAI's "developer" role is the system role for newer models; chat templates know "system".
+    role = "system" if message.role == "developer" else message.role
+    out = inference_pb2.ChatMessage(role=role, content=_content(index, message.content))
+    if message.name:
+        out.name = message.name
+    if message.tool_call_id:
+        out.tool_call_id = message.tool_call_id
+    for call in message.tool_calls or ():
+        out.tool_calls.add(id=call.id, name=call.function.name, arguments=call.function.arguments)
+    return out
+
+
+def _content(index: int, content: str | list | None) -> str:
+    """A message's text; content parts other than text are refused (the mesh serves text models)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for j, part in enumerate(content):
+        if part.type != "text":
+            raise invalid(
+                f"messages[{index}].content[{j}].type",
+                f"content parts of type {part.type!r} are not supported; only 'text'",
+            )
+        texts.append(part.text)
+    return "\n".join(texts)  # as vLLM joins a message's text parts for string templates
+
+
+def _tool(index: int, tool: ToolDef) -> inference_pb2.Tool:
+    if tool.type != "function":
+        raise invalid(f"tools[{index}].type", f"{tool.type!r} is not supported; only 'function'")
+    function = tool.function
+    parameters = json.dumps(function.parameters) if function.parameters is not None else ""
+    return inference_pb2.Tool(
+        name=function.name, description=function.description or "", parameters_json=parameters
+    )

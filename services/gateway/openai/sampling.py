@@ -1,0 +1,56 @@
+"""OpenAI's (and vLLM's) sampling fields as the mesh's SamplingParams, and the generate request fields
+both text endpoints share; a field the mesh cannot honour is refused with a 400 naming it."""
+
+from __future__ import annotations
+
+from hanzo.inference.v1 import inference_pb2
+from services.gateway.classify import from_name
+from services.gateway.openai.errors import invalid
+from services.gateway.openai.schemas import SamplingFields
+
+# Fields that change the answer and that the engine does not implement, with their neutral values.
+_NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
+_SEED_MASK = 2**64 - 1  # the proto's seed is unsigned; OpenAI's may be negative
+
+
+def fill_generate(
+    body: SamplingFields, request: inference_pb2.GenerateRequest, max_tokens: int | None
+) -> None:
+    """Set request's sampling, tenant and workload class from body. max_tokens: the output budget the
+    endpoint resolved (None: the worker's default). HttpError (400) for what cannot be served."""
+    for field, neutral in _NEUTRAL.items():
+        value = getattr(body, field)
+        if value is not None and value != neutral:
+            raise invalid(field, f"is not supported by this server; leave it unset or {neutral}")
+    if body.logit_bias:
+        raise invalid("logit_bias", "is not supported by this server")
+    if body.n is not None and body.n != 1:
+        raise invalid("n", "only 1 choice per request is supported; send several requests instead")
+    if body.stream_options is not None and not body.stream:
+        raise invalid("stream_options", "is only allowed with stream=true")
+    sampling = request.sampling
+    if body.temperature is not None:
+        sampling.temperature = body.temperature
+    if body.top_p is not None:
+        sampling.top_p = body.top_p
+    if body.top_k is not None and body.top_k > 0:  # vLLM's 0 and -1 both mean no top-k cut
+        sampling.top_k = body.top_k
+    if max_tokens is not None:
+        sampling.max_tokens = max_tokens
+    if body.seed is not None:
+        sampling.seed = body.seed & _SEED_MASK
+    if body.stop:
+        sampling.stop.extend([body.stop] if isinstance(body.stop, str) else body.stop)
+    if body.stop_token_ids:
+        sampling.stop_token_ids.extend(body.stop_token_ids)
+    sampling.ignore_eos = body.ignore_eos
+    sampling.min_tokens = body.min_tokens
+    if body.user:
+        request.tenant = body.user  # OpenAI's end-user id: the engine shares a class's seats by tenant
+    if body.workload_class:
+        request.workload_class = int(from_name(body.workload_class, "workload_class"))
+
+
+def include_usage(body: SamplingFields) -> bool:
+    """Whether a stream ends with a usage chunk (stream_options.include_usage)."""
+    return body.stream_options is not None and body.stream_options.include_usage

@@ -1,0 +1,159 @@
+"""Server-Sent Events in OpenAI's stream shape, and the outcome of a generation read whole.
+
+A stream is `data: {chunk}\\n\\n` per delta, a chunk with finish_reason, with include_usage a chunk with
+empty choices and the usage, then `data: [DONE]\\n\\n`. An error after the stream began is sent as a
+`data: {"error": {...}}` event before [DONE] (as vLLM does). Chunks are formatted from a prefix made
+once per stream, so a token costs one json.dumps of its text rather than a model dump.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import dataclass
+
+import anyio
+from starlette.responses import StreamingResponse
+from starlette.types import Send
+
+from hanzo.inference.v1 import inference_pb2
+from services.gateway.openai.errors import HttpError, from_exception
+from services.gateway.openai.schemas import PromptTokensDetails, Usage
+from services.gateway.router import Deadline, DeadlineExceeded
+
+FINISH_REASONS = {
+    inference_pb2.FINISH_REASON_STOP: "stop",
+    inference_pb2.FINISH_REASON_LENGTH: "length",
+    inference_pb2.FINISH_REASON_ABORT: "abort",  # vLLM passes the engine's "abort" on as it is
+}
+DONE = "data: [DONE]\n\n"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished generation: its whole text, finish reason and usage."""
+
+    text: str
+    finish_reason: str | None
+    usage: inference_pb2.Usage
+
+
+async def collect(stream: AsyncIterator[inference_pb2.GenerateResponse]) -> Outcome:
+    """Read a generation to its end."""
+    texts: list[str] = []
+    last = inference_pb2.GenerateResponse()
+    async for response in stream:
+        texts.append(response.text)
+        last = response
+    return Outcome("".join(texts), FINISH_REASONS.get(last.finish_reason), last.usage)
+
+
+def usage_of(usage: inference_pb2.Usage) -> Usage:
+    return Usage.model_construct(
+        prompt_tokens=usage.prompt_tokens,
+        completion_tokens=usage.completion_tokens,
+        total_tokens=usage.prompt_tokens + usage.completion_tokens,
+        prompt_tokens_details=PromptTokensDetails.model_construct(cached_tokens=usage.cached_prompt_tokens),
+    )
+
+
+class Chunks:
+    """The chunks of one stream: chat.completion.chunk deltas (chat) or text_completion texts."""
+
+    def __init__(self, id_: str, object_: str, created: int, model: str, chat: bool) -> None:
+        fields = {"id": id_, "object": object_, "created": created, "model": model}
+        head = "data: " + json.dumps(fields, separators=(",", ":"))[:-1]
+        self.chat = chat
+        self._choice = head + ',"choices":[{"index":0,' + ('"delta":' if chat else '"text":')
+        self._usage = head + ',"choices":[],"usage":'
+
+    def opening(self) -> str | None:
+        """The first chunk: a chat stream names the assistant role before any text (as OpenAI's does)."""
+        if not self.chat:
+            return None
+        return self._choice + '{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+
+    def delta(self, text: str, finish_reason: str | None) -> str:
+        reason = f'"{finish_reason}"' if finish_reason else "null"
+        if not self.chat:
+            return self._choice + json.dumps(text) + ',"logprobs":null,"finish_reason":' + reason + "}]}\n\n"
+        body = '{"content":' + json.dumps(text) + "}" if text else "{}"
+        return self._choice + body + ',"logprobs":null,"finish_reason":' + reason + "}]}\n\n"
+
+    def usage(self, usage: inference_pb2.Usage) -> str:
+        return self._usage + usage_of(usage).model_dump_json() + "}\n\n"
+
+
+async def events(
+    first: inference_pb2.GenerateResponse,
+    stream: AsyncIterator[inference_pb2.GenerateResponse],
+    chunks: Chunks,
+    include_usage: bool,
+    deadline: Deadline,
+    ended: Callable[[], None],
+) -> AsyncIterator[str]:
+    """The SSE text of a stream whose first response is already read. deadline: a backstop for a
+    worker that stops answering (the worker ends the stream at the deadline itself). ended: called once
+    the stream is over, however it ended. Closing this iterator (the client went away) closes stream,
+    which cancels the worker's."""
+    response = first
+    error: HttpError | None = None
+    remaining = deadline.time_remaining()
+    deadline_at = asyncio.get_running_loop().time() + (remaining if remaining is not None else 1e9)
+    try:
+        opening = chunks.opening()
+        if opening is not None:
+            yield opening
+        while True:
+            reason = FINISH_REASONS.get(response.finish_reason)
+            if response.text or reason:
+                yield chunks.delta(response.text, reason)
+            if reason:
+                break
+            try:
+                async with asyncio.timeout_at(deadline_at):
+                    response = await anext(stream)
+            except StopAsyncIteration:
+                break
+        if include_usage:
+            yield chunks.usage(response.usage)
+    except TimeoutError:
+        error = from_exception(DeadlineExceeded("the request's time ran out while streaming"))
+    except Exception as exc:  # typed errors and bugs alike: the stream has begun, so say it in-band
+        error = from_exception(exc)
+    finally:
+        await stream.aclose()  # type: ignore[attr-defined]  # the router's stream is an async generator
+        ended()
+    if error is not None:
+        yield f"data: {error.json()}\n\n"
+    yield DONE
+
+
+class SSEResponse(StreamingResponse):
+    """A text/event-stream response that closes its event iterator, and the generation behind it,
+    however the response ends.
+
+    Starlette cancels a stream whose client disconnected; when that lands while the response is
+    writing (outside the iterator), or before the iterator ever ran (so its own cleanup never runs),
+    the generation would go on until garbage-collected. Closing both here cancels the worker's stream
+    at once. source: the router's stream the events read (closing it twice is harmless)."""
+
+    media_type = "text/event-stream"
+
+    def __init__(
+        self,
+        content: AsyncIterator[str],
+        source: AsyncIterator[inference_pb2.GenerateResponse],
+        headers: Mapping[str, str],
+    ) -> None:
+        super().__init__(content, headers=headers)
+        self._source = source
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+                await self._source.aclose()  # type: ignore[attr-defined]
