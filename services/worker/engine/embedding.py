@@ -30,6 +30,7 @@ from services.worker.memory.placement import (
     load_into_partition,
     module_tensor_specs,
 )
+from services.worker.models.catalog import default_model_name
 from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
 from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 
@@ -73,7 +74,7 @@ class EmbeddingEngine:
             self.model_name = model_name
             loaded = load_model(model_dir, dtype=dtype, device=device)
         else:
-            self.model_name = model_name or Path(model_dir).name
+            self.model_name = model_name or default_model_name(model_dir)
             loaded = self._load_in_arena(model_dir, dtype, memory, self.model_name)
         self.config: EncoderConfig = _encoder_config(loaded.config, loaded.model_dir)
         assert loaded.tokenizer is not None  # the loader requires one for encoders; a host copy keeps it

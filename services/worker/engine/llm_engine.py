@@ -40,6 +40,7 @@ from services.worker.memory.placement import (
     load_from_host_copy,
     load_into_partition,
 )
+from services.worker.models.catalog import default_model_name
 from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
 from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 
@@ -73,15 +74,15 @@ class LLMEngine(KVPoolResizing):
         memory: MemoryManager | None = None,
         model_name: str | None = None,
     ) -> None:
-        """model_dir: a checkpoint directory, or the HostCopy an earlier engine's evict() returned (then
-        memory is required and nothing is read from disk: the weights come back in one bulk copy, into a
-        partition that may sit elsewhere in the arena; config.dtype must be the copy's dtype).
-        memory: None loads the weights and allocates the KV cache on their own. A MemoryManager builds
-        the model in a new partition of its arena instead (named model_name; None: the directory's
-        name, or the name the host copy was evicted under): weights and KV cache are views of it, so
-        serving allocates no cache or weight memory. The KV pool is then EngineConfig.kv_cache_bytes
-        (None: 2 GiB, capped at what max_num_seqs full contexts could use); config.device must be the
-        arena's device."""
+        """model_dir: a checkpoint directory or GGUF file, or the HostCopy an earlier engine's evict()
+        returned (then memory is required and nothing is read from disk: the weights come back in one
+        bulk copy, into a partition that may sit elsewhere in the arena; config.dtype must be the copy's
+        dtype). memory: None loads the weights and allocates the KV cache on their own. A MemoryManager
+        builds the model in a new partition of its arena instead (named model_name; None: the
+        directory's name or the GGUF file's stem, or the name the host copy was evicted under): weights
+        and KV cache are views of it, so serving allocates no cache or weight memory. The KV pool is
+        then EngineConfig.kv_cache_bytes (None: 2 GiB, capped at what max_num_seqs full contexts could
+        use); config.device must be the arena's device."""
         self.config = config or EngineConfig()
         self.device = torch.device(self.config.device)
         self.memory = memory
@@ -97,7 +98,7 @@ class LLMEngine(KVPoolResizing):
             self.model_name = model_name
             kv_caches = self._load_alone(model_dir)
         else:
-            self.model_name = model_name or Path(model_dir).name
+            self.model_name = model_name or default_model_name(model_dir)
             kv_caches = self._load_in_arena(model_dir, memory, self.model_name)
         self.tokenizer = self.loaded.tokenizer
         spec = self._kv_spec()

@@ -13,6 +13,7 @@ from safetensors import safe_open
 from services.worker.memory.allocator import ByteRange
 from services.worker.models.checkpoint import HARMLESS_SUFFIXES, check_duplicate, safetensors_files
 from services.worker.models.errors import CheckpointError
+from services.worker.models.gguf_file import is_gguf_path, read_gguf
 from services.worker.models.loader import parse_dtype
 
 # safetensors header dtype names -> torch dtypes (the ones this torch can hold).
@@ -92,8 +93,12 @@ def checkpoint_tensor_specs(
 ) -> list[TensorSpec]:
     """Every tensor the loader would keep from checkpoint_dir (harmless recomputed buffers skipped), read
     from the safetensors headers only. dtype: the load dtype floating tensors are cast to; None keeps
-    the stored dtypes. CheckpointError (naming the file) for an unreadable file or unknown dtype."""
+    the stored dtypes. CheckpointError (naming the file) for an unreadable file or unknown dtype.
+    checkpoint_dir may also be a GGUF file: its tensors under their HF names, stored as float32 (the
+    dtype they are dequantized to) unless dtype says otherwise."""
     cast = parse_dtype(dtype) if dtype is not None else None
+    if is_gguf_path(checkpoint_dir):
+        return _gguf_tensor_specs(Path(checkpoint_dir), cast)
     specs: list[TensorSpec] = []
     seen: set[str] = set()
     for file in safetensors_files(Path(checkpoint_dir)):
@@ -113,6 +118,16 @@ def checkpoint_tensor_specs(
                 held = cast if cast is not None and stored.is_floating_point else stored
                 specs.append(TensorSpec(name, held, tuple(header.get_shape())))
     return specs
+
+
+def _gguf_tensor_specs(path: Path, cast: torch.dtype | None) -> list[TensorSpec]:
+    # Imported on use, so sizing a safetensors checkpoint never imports the gguf package.
+    from services.worker.models.gguf_weights import check_gguf_tensors
+
+    gguf = read_gguf(path)
+    names = check_gguf_tensors(gguf)
+    held = cast if cast is not None else torch.float32
+    return [TensorSpec(names[t.name], held, t.shape) for t in gguf.tensors.values()]
 
 
 def weight_bytes_of(

@@ -69,11 +69,13 @@ def check_shape(file: str, name: str, tensor: torch.Tensor, expected_shape: Iter
 
 
 def require_all(model_dir: Path, expected: set[str], seen: set[str]) -> None:
-    """Raise CheckpointError(model_dir) naming the first (sorted) expected tensor that was not seen."""
+    """Raise CheckpointError(model_dir) naming the first (sorted) expected tensor that was not seen.
+    model_dir: the checkpoint directory, or the .gguf file the tensors came from."""
     missing = sorted(expected - seen)
     if missing:
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
-        problem = f"missing tensor {missing[0]!r}{more} (not in any *.safetensors file)"
+        where = "the GGUF file" if Path(model_dir).suffix.lower() == ".gguf" else "any *.safetensors file"
+        problem = f"missing tensor {missing[0]!r}{more} (not in {where})"
         raise CheckpointError(model_dir, problem)
 
 

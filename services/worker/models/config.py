@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from services.worker.models.errors import CheckpointError
+from services.worker.models.gguf_file import is_gguf_path, read_gguf
 
 DECODER_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
 ENCODER_ARCHITECTURES = frozenset({"BertModel", "BertForMaskedLM", "BertForPreTraining"})
@@ -89,12 +90,18 @@ class EncoderConfig:
 
 
 def load_model_config(model_dir: Path) -> DecoderConfig | EncoderConfig:
-    """Parse model_dir/config.json (+ generation_config.json or sentence-transformers files).
+    """Parse model_dir/config.json (+ generation_config.json or sentence-transformers files), or, when
+    model_dir is a GGUF file (gguf_file.is_gguf_path), that file's metadata.
 
     Raises CheckpointError naming the file for a missing directory or file, invalid JSON, a missing or
     ill-typed key, or an architecture or option we do not implement.
     """
     model_dir = Path(model_dir)
+    if is_gguf_path(model_dir):
+        # Imported on use: gguf_config imports this module (for DecoderConfig).
+        from services.worker.models.gguf_config import gguf_decoder_config
+
+        return gguf_decoder_config(read_gguf(model_dir))
     if not model_dir.is_dir():
         raise CheckpointError(model_dir, "model directory does not exist")
     path = model_dir / "config.json"

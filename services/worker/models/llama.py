@@ -238,7 +238,9 @@ class LlamaForCausalLM(nn.Module):
             check_shape(file, name, tensor, tuple(dest.shape))
             dest.copy_(tensor.to(dest.dtype))
             seen.add(name)
-        require_all(Path(file).parent, expected_hf, seen)
+        # A GGUF checkpoint is one file, named as is; safetensors shards are named by their directory.
+        source = Path(file)
+        require_all(source if source.suffix.lower() == ".gguf" else source.parent, expected_hf, seen)
 
     def _locate(self, name: str) -> tuple[str | None, tuple[int, int] | None]:
         """Our parameter name and (row offset, rows) inside it for a HF tensor name."""

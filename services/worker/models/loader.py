@@ -1,9 +1,9 @@
-"""Build a model from a checkpoint directory: config -> meta-device module -> weights -> eval."""
+"""Build a model from a checkpoint directory or GGUF file: config -> meta-device module -> weights -> eval."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +13,7 @@ from torch import nn
 from services.worker.models.checkpoint import iter_safetensors
 from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
 from services.worker.models.errors import CheckpointError
+from services.worker.models.gguf_file import is_gguf_path, read_gguf
 from services.worker.models.tokenizer import Tokenizer
 from services.worker.models.weight_order import column_major_on
 
@@ -73,7 +74,8 @@ def load_model(
     device: str | torch.device = "cpu",
     materialize: Callable[[nn.Module], None] | None = None,
 ) -> LoadedModel:
-    """Load a Hugging Face-format checkpoint directory onto device in dtype, in eval mode.
+    """Load a Hugging Face-format checkpoint directory, or a GGUF file (config, tokenizer and weights
+    all from it, dequantized), onto device in dtype, in eval mode.
 
     materialize: gives the model, built on meta in dtype, real storage on device by pointing every
     parameter and buffer at memory the caller owns (e.g. views of the arena); None allocates each tensor
@@ -83,11 +85,11 @@ def load_model(
     torch_dtype = parse_dtype(dtype)
     model_dir = Path(model_dir)
     device = torch.device(device)
-    config = load_model_config(model_dir)
-    has_tokenizer = (model_dir / "tokenizer.json").is_file()
-    if isinstance(config, EncoderConfig) and not has_tokenizer:
-        raise CheckpointError(model_dir / "tokenizer.json", "file not found (an embedding model needs one)")
-    tokenizer = Tokenizer(model_dir) if has_tokenizer else None
+    if is_gguf_path(model_dir):
+        config, tokenizer, weights = _open_gguf(model_dir)
+    else:
+        config, tokenizer = _open_hf_dir(model_dir)
+        weights = iter_safetensors(model_dir)  # a generator: reads nothing until load_weights pulls
     # Building on meta allocates nothing; to_empty then allocates each tensor once, already in dtype.
     model = build_on_meta(config, torch_dtype)
     if materialize is None:
@@ -96,7 +98,7 @@ def load_model(
     else:
         materialize(model)  # binding storage applies the weights' memory order itself (bind_to_arena)
     with torch.no_grad():
-        model.load_weights(iter_safetensors(model_dir))
+        model.load_weights(weights)
         # Non-persistent buffers (e.g. RoPE tables) are not in the checkpoint and were left
         # uninitialised; the model recomputes them in place.
         init_buffers = getattr(model, "init_buffers", None)
@@ -104,3 +106,29 @@ def load_model(
             init_buffers()
     model.eval()
     return LoadedModel(model, config, tokenizer, model_dir, torch_dtype, device)
+
+
+def _open_hf_dir(model_dir: Path) -> tuple[DecoderConfig | EncoderConfig, Tokenizer | None]:
+    """config and tokenizer of a Hugging Face checkpoint directory (without tokenizer.json: None, decoders
+    only)."""
+    config = load_model_config(model_dir)
+    has_tokenizer = (model_dir / "tokenizer.json").is_file()
+    if isinstance(config, EncoderConfig) and not has_tokenizer:
+        raise CheckpointError(model_dir / "tokenizer.json", "file not found (an embedding model needs one)")
+    return config, Tokenizer(model_dir) if has_tokenizer else None
+
+
+def _open_gguf(
+    path: Path,
+) -> tuple[DecoderConfig, Tokenizer | None, Iterator[tuple[str, str, torch.Tensor]]]:
+    """config, tokenizer and lazy weight iterator of a GGUF file, its header parsed once for all three.
+    Every tensor's name and type is checked here, before the caller reserves memory for the model."""
+    # Imported on use, so loading a safetensors checkpoint never imports the gguf package.
+    from services.worker.models.gguf_config import gguf_decoder_config
+    from services.worker.models.gguf_tokenizer import gguf_tokenizer
+    from services.worker.models.gguf_weights import check_gguf_tensors, iter_gguf
+
+    gguf = read_gguf(path)
+    config = gguf_decoder_config(gguf)
+    check_gguf_tensors(gguf)
+    return config, gguf_tokenizer(gguf), iter_gguf(gguf)
