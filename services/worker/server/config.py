@@ -44,7 +44,8 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def parse_models(raw: str, variable: str) -> dict[str, Path]:
-    """ "name=dir,name=dir" -> {name: Path(dir)}; ValueError naming the variable when malformed."""
+    """ "name=path,name=path" -> {name: Path(path)}, where a path is a checkpoint directory, a .gguf file or
+    a named model (smollm2); ValueError naming the variable when malformed."""
     models: dict[str, Path] = {}
     for item in filter(None, (part.strip() for part in raw.split(","))):
         name, sep, path = item.partition("=")

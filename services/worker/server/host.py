@@ -21,6 +21,7 @@ from services.worker.memory.arena import Arena
 from services.worker.memory.errors import KVTransferError, ModelBusyError, OutOfMemoryError, format_bytes
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
+from services.worker.models.catalog import resolve_model_source
 from services.worker.models.config import EncoderConfig
 from services.worker.server.config import WorkerSettings
 from services.worker.server.model_builder import EMBED, GENERATE, ServedModel, build_model
@@ -166,7 +167,8 @@ class ModelHost:
         """Build from the host copy if there is one, else from disk; on OutOfMemoryError (and make_room)
         evict the fewest least-recently-used idle models that make room, none if even all of them would
         not, and retry."""
-        source: Path | HostCopy = self.host_copies.get(name, path)
+        # A named model ("smollm2") is the checkpoint its package installed; CheckpointError if absent.
+        source: Path | HostCopy = self.host_copies.get(name) or resolve_model_source(path)
         try:
             # Reading weights and building the engine block for seconds: keep them off the event loop.
             return await asyncio.to_thread(build_model, name, source, self.settings, self.memory)
