@@ -17,6 +17,7 @@ from torch import nn
 from services.worker.models.checkpoint import check_shape, require_all
 from services.worker.models.config import DecoderConfig
 from services.worker.models.errors import CheckpointError
+from services.worker.models.linear import Linear, linear
 from services.worker.models.paged_attention import PagedAttention
 from services.worker.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
@@ -76,10 +77,10 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(
+        self.qkv_proj = Linear(
             config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
         )
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(
         self,
@@ -103,8 +104,8 @@ class MLP(nn.Module):
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         self.intermediate_size = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
+        self.down_proj = Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate_size, dim=-1)
@@ -149,7 +150,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = LlamaModel(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self.register_buffer(
@@ -209,7 +210,7 @@ class LlamaForCausalLM(nn.Module):
             if start:
                 between()
             end = min(start + _CHECKPOINT_VOCAB, vocab)
-            logits[:, start:end] = F.linear(hidden, weight[start:end])
+            logits[:, start:end] = linear(hidden, weight[start:end])
         return logits
 
     @torch.no_grad()
