@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/hanzo/inference/v1/*.proto)
 GENERATED := hanzo/inference/v1/placer_pb2.py
 
-.PHONY: setup protos demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed bench-multimodel clean
+.PHONY: setup redis protos demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed bench-multimodel clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,17 @@ $(GENERATED): $(PROTOS) services/common/protogen.py $(STAMP)
 
 protos: $(GENERATED)
 
-setup: $(STAMP) $(GENERATED)
+setup: $(STAMP) $(GENERATED) redis
+
+# The local stack and the tests start their own redis-server (Debian's package): installed here when
+# missing and we are root, else one line saying what to run.
+redis:
+	@command -v redis-server >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; \
+	  else \
+	    echo "redis-server is missing: run 'sudo apt-get install -y redis-server', then make again" >&2; exit 1; \
+	  fi; }
 
 # The whole mesh on this machine (Redis, placer, workers + telemetry, gateway) and a mixed workload.
 demo: setup

@@ -15,13 +15,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+class RedisNotInstalledError(RuntimeError):
+    """No redis-server binary on PATH."""
+
+
 class RedisServer:
     """`start()` / `stop()` may be called repeatedly; the port stays the same, so clients can reconnect."""
 
     def __init__(self, workdir: Path, port: int | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
-            raise RuntimeError("redis-server not found; install it (apt-get install -y redis-server)")
+            raise RedisNotInstalledError(
+                "redis-server is not installed: run `sudo apt-get install -y redis-server` "
+                "(`make setup` does it when run as root), or pass --redis-url to use a running Redis"
+            )
         self.binary = binary
         self.workdir = workdir
         self.port = port or free_port()

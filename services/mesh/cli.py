@@ -1,4 +1,4 @@
-"""`hanzo-mesh up | demo`: the whole mesh as local processes on small models, optionally driven by a demo."""
+"""`hanzo-mesh up | demo | serve`: the whole mesh as local processes, optionally driven by a demo."""
 
 from __future__ import annotations
 
@@ -12,14 +12,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
+from services.common.redis_server import RedisNotInstalledError
 from services.mesh.driver import DriveOptions, RequestResult, drive, wait_for_models
-from services.mesh.models import BATCH_MODEL, CHAT_MODEL, EMBED_MODEL, prepare_models
+from services.mesh.models import CHAT_MODEL, EMBED_MODEL, ModelSet, prepare_models
 from services.mesh.process import ServiceStartError
 from services.mesh.report import build_report, format_report, write_report
+from services.mesh.serve import access_lines, add_serving_arguments, serving_models, worker_env
 from services.mesh.stack import Stack, StackConfig, format_process_table, new_run_dir
 from services.mesh.workload import PlannedRequest, plan_workload
 
 DEFAULT_ROOT = Path(".cache/mesh")
+# Seats per model on an `up`/`demo` worker, as many as the demo keeps in flight (--concurrency). The
+# worker's default (64) is sized for a GPU: a CPU worker running 8 requests would read as nearly idle in
+# the placer's load score, so the gateway's own rack (worker-1's) would win every pick and the other
+# worker's core would sit unused; against 8 seats, load outweighs the rack after a request or two.
+LOCAL_WORKER_ENV = {"HANZO_WORKER_MAX_NUM_SEQS": "8"}
 
 
 def _positive_int(text: str) -> int:
@@ -36,6 +43,13 @@ def _port(text: str) -> int:
     return value
 
 
+def _port_or_free(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port in 1..65535 (0: a free one), got {value}")
+    return value
+
+
 def _positive_float(text: str) -> float:
     value = float(text)
     if value <= 0:
@@ -44,18 +58,30 @@ def _positive_float(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The `hanzo-mesh` argument parser (subcommands up and demo)."""
+    """The `hanzo-mesh` argument parser (subcommands up, demo and serve)."""
     parser = argparse.ArgumentParser(prog="hanzo-mesh", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     up = sub.add_parser("up", help="start the mesh and wait for Ctrl-C / SIGTERM")
     demo = sub.add_parser("demo", help="start the mesh, drive a mixed workload, print a per-class report")
-    for p in (up, demo):
-        p.add_argument("--workers", type=_positive_int, default=2, help="worker processes (default 2)")
+    serve = sub.add_parser(
+        "serve", help="serve these models (checkpoint directories, .gguf files or smollm2) until Ctrl-C"
+    )
+    add_serving_arguments(serve)
+    serve.add_argument("--port", type=_port_or_free, default=50050, help="gateway gRPC port (default 50050)")
+    serve.add_argument(
+        "--http-port", type=_port_or_free, default=8000, help="OpenAI HTTP port (default 8000)"
+    )
+    serve.add_argument("--api-key", help="the key clients send (default: a fresh one, printed)")
+    for p in (up, demo, serve):
+        default_workers = 1 if p is serve else 2
+        p.add_argument(
+            "--workers", type=_positive_int, default=default_workers,
+            help=f"worker processes (default {default_workers})",
+        )  # fmt: skip
         p.add_argument("--redis-url", help="use this Redis instead of starting a private one")
         p.add_argument(
             "--base-port", type=_port, help="hand out ports upwards from here (default: free ports)"
         )
-        p.add_argument("--model-cache", type=Path, default=DEFAULT_ROOT / "models", help="checkpoint cache")
         p.add_argument(
             "--run-root", type=Path, default=DEFAULT_ROOT, help="run-<timestamp> log folders go here"
         )
@@ -67,8 +93,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     demo.add_argument("--rate", type=_positive_float, default=6.0, help="mean arrivals per second")
     demo.add_argument("--concurrency", type=_positive_int, default=8, help="most requests in flight")
-    demo.add_argument("--time-budget", type=_positive_float, default=120.0, help="seconds for the workload")
-    demo.add_argument("--request-timeout", type=_positive_float, default=60.0, help="deadline per request")
+    # Caps, not durations: the run ends with its last answer. The 120 requests arrive within ~20 s and
+    # the real model then works through them at what the CPUs give; on a machine busy with other work
+    # the lowest-priority batch documents wait longest, and these leave them room to finish.
+    demo.add_argument(
+        "--time-budget", type=_positive_float, default=180.0, help="seconds for the workload (default 180)"
+    )
+    demo.add_argument(
+        "--request-timeout", type=_positive_float, default=90.0, help="deadline per request (default 90)"
+    )
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     return parser
 
@@ -80,7 +113,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     # background jobs with SIGINT ignored, and `kill -INT` must still stop the mesh.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _interrupt)
-    return _up(args) if args.command == "up" else _demo(args)
+    try:
+        return _demo(args) if args.command == "demo" else _up(args)
+    except RedisNotInstalledError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
 
 
 def _interrupt(signum: int, frame: object) -> NoReturn:
@@ -88,20 +125,33 @@ def _interrupt(signum: int, frame: object) -> NoReturn:
 
 
 def _stack(args: argparse.Namespace) -> Stack:
-    print(f"preparing models in {args.model_cache.resolve()} ...", flush=True)
-    models = prepare_models(args.model_cache)
+    serving = args.command == "serve"
+    extra: dict[str, Any] = {}
+    if serving:
+        models = serving_models(args.models, args.name)
+        extra = {"gateway_port": args.port, "http_port": args.http_port, "worker_env": worker_env(args)}
+    else:
+        # up and demo serve the same real models: SmolLM2 for every decoding class, MiniLM for embeddings.
+        models = prepare_models()
+        extra = {"worker_env": LOCAL_WORKER_ENV}
     run_dir = new_run_dir(args.run_root)
     print(f"run directory (service logs): {run_dir}", flush=True)
     config = StackConfig(
         run_dir=run_dir,
         models=models,
-        api_key=secrets.token_hex(16),  # a fresh key per run: the demo exercises auth, nothing else can call
+        # A fresh key per run unless one is given: the demo exercises auth, nothing else can call.
+        api_key=getattr(args, "api_key", None) or secrets.token_hex(16),
         workers=args.workers,
         redis_url=args.redis_url,
         base_port=args.base_port,
         ready_timeout_s=args.ready_timeout,
+        **extra,
     )
     return Stack(config)
+
+
+def _models_line(models: ModelSet) -> str:
+    return "models: " + ", ".join(f"{name} ({path})" for name, path in models.paths.items())
 
 
 def _stop(stack: Stack) -> dict[str, int]:
@@ -118,13 +168,17 @@ def _stop(stack: Stack) -> dict[str, int]:
 
 
 def _up(args: argparse.Namespace) -> int:
-    stack = _stack(args)
+    try:
+        stack = _stack(args)
+    except ValueError as err:  # a MODEL that is neither a checkpoint nor a known name
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     code = 0
     try:
         print("starting the mesh ...", flush=True)
         stack.start()
-        print(f"\ngateway: {stack.gateway_address}  (metadata authorization: Bearer {stack.config.api_key})")
-        print(format_process_table(stack.services))
+        print(f"\n{format_process_table(stack.services)}\n{_models_line(stack.config.models)}")
+        print(access_lines(stack.gateway_address, stack.http_address, stack.config.api_key))
         print("\nrunning; Ctrl-C or SIGTERM stops it", flush=True)
         while not (dead := stack.exited()):
             time.sleep(0.5)
@@ -141,15 +195,15 @@ def _up(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    batch_model = BATCH_MODEL if args.workers >= 2 else CHAT_MODEL  # only odd-numbered workers hold it
-    plan = plan_workload(args.requests, args.seed, args.rate, batch_model)
+    plan = plan_workload(args.requests, args.seed, args.rate)
     stack = _stack(args)
     started = time.monotonic()
     results: list[RequestResult] = []
     try:
         print("starting the mesh ...", flush=True)
         stack.start()
-        print(f"\ngateway: {stack.gateway_address}\n{format_process_table(stack.services)}\n", flush=True)
+        print(f"\ngateway: {stack.gateway_address}\n{format_process_table(stack.services)}", flush=True)
+        print(f"{_models_line(stack.config.models)}\n", flush=True)
         results = asyncio.run(_drive(stack, args, plan))
     except ServiceStartError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -174,7 +228,7 @@ async def _drive(stack: Stack, args: argparse.Namespace, plan: list[PlannedReque
     from services.mesh.progress import ClassProgress
 
     w = args.workers
-    want = {CHAT_MODEL: w, EMBED_MODEL: w, **({BATCH_MODEL: w // 2} if w >= 2 else {})}
+    want = {CHAT_MODEL: w, EMBED_MODEL: w}  # every worker holds both
     seen = await wait_for_models(stack.gateway_address, stack.config.api_key, want, timeout_s=30)
     print(f"models (replicas): {seen}", flush=True)
     options = DriveOptions(args.concurrency, args.request_timeout, args.time_budget)

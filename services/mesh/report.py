@@ -1,4 +1,8 @@
-"""The demo's per-class report: percentiles, a text table, and the same numbers as JSON."""
+"""The demo's per-class report: percentiles, a text table, a few real answers, and the same as JSON.
+
+The samples are there because numbers alone cannot tell a served model from a broken one: a person
+reading the report sees what was asked and what came back, and the probe's answer beside its question.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,10 @@ from typing import Any
 
 from services.common.workload import WorkloadClass
 from services.mesh.driver import RequestResult
+
+SAMPLES_PER_CLASS = 3
+ASKED_CHARS = 100  # a sample's question head
+ANSWER_CHARS = 200  # a sample's answer, trimmed
 
 CLASSES = [
     WorkloadClass.REALTIME_CHAT,
@@ -39,18 +47,53 @@ def class_name(cls: WorkloadClass) -> str:
 
 
 def build_report(results: Sequence[RequestResult], meta: Mapping[str, Any]) -> dict[str, Any]:
-    """JSON-ready report: {"meta", "classes": {name: stats}, "total": stats, "ok": bool}.
+    """JSON-ready report: {"meta", "classes": {name: stats}, "total": stats, "samples", "probe", "ok"}.
 
     Times in ms. output_tokens_per_s: a class's completion tokens over the span from its first send to
-    its last finish (None without tokens). nodes: served requests per node id.
+    its last finish (None without tokens). nodes: served requests per node id. samples: {name: [sample]}
+    for the classes that generate text, the first SAMPLES_PER_CLASS answered requests of each (the probe
+    aside); probe: the request with an expected answer as a sample with "expected" and "status" added
+    (None when the plan had none). ok: every request succeeded, the probe's answer check included.
     """
     classes = {class_name(c): _stats([r for r in results if r.workload_class is c]) for c in CLASSES}
     return {
         "meta": dict(meta),
         "classes": classes,
         "total": _stats(list(results)),
+        "samples": {
+            class_name(c): [_sample(r) for r in _answered(results, c)][:SAMPLES_PER_CLASS]
+            for c in CLASSES
+            if c is not WorkloadClass.EMBEDDING
+        },
+        "probe": _probe(results),
         "ok": all(r.ok for r in results),
     }
+
+
+def _probe(results: Sequence[RequestResult]) -> dict[str, Any] | None:
+    probe = next((r for r in results if r.expected), None)
+    if probe is None:
+        return None
+    return {**_sample(probe), "expected": probe.expected, "status": probe.status}
+
+
+def _answered(results: Sequence[RequestResult], cls: WorkloadClass) -> list[RequestResult]:
+    return [r for r in results if r.workload_class is cls and r.ok and r.text and not r.expected]
+
+
+def _sample(r: RequestResult) -> dict[str, Any]:
+    """One request's question head and answer, whitespace collapsed so each reads on one line."""
+    return {
+        "index": r.index,
+        "node": r.node_id,
+        "asked": _trim(r.asked, ASKED_CHARS),
+        "answer": _trim(r.text, ANSWER_CHARS),
+    }
+
+
+def _trim(text: str, limit: int) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[: limit - 3].rstrip() + "..."
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -83,7 +126,8 @@ def _stats(rs: Sequence[RequestResult]) -> dict[str, Any]:
 
 
 def format_report(report: Mapping[str, Any]) -> str:
-    """A fixed-width table, one row per class plus a total row."""
+    """A fixed-width table, one row per class plus a total row, each class's first errors, then the
+    samples and the probe."""
     head = ("class", "reqs", "errors", "ttft p50", "ttft p99", "e2e p50", "e2e p99", "out tok/s", "nodes")
     rows = [head]
     for name, s in [*report["classes"].items(), ("total", report["total"])]:
@@ -108,7 +152,25 @@ def format_report(report: Mapping[str, Any]) -> str:
     lines.insert(len(lines) - 1, "-" * len(lines[0]))
     for name, s in [*report["classes"].items()]:
         lines += [f"  {name}: {e}" for e in s["first_errors"]]
-    return "\n".join(lines)
+    return "\n".join(lines + _sample_lines(report))
+
+
+def _sample_lines(report: Mapping[str, Any]) -> list[str]:
+    lines = []
+    probe = report.get("probe")
+    if probe is not None:
+        lines += ["", f"probe ({probe['status']}, the answer must contain {probe['expected']!r}):"]
+        lines += [f"  Q: {probe['asked']}", f"  A: {probe['answer'] or '-'}"]
+    for name, samples in report.get("samples", {}).items():
+        if samples:
+            lines += ["", f"{name} samples:"]
+        for s in samples:
+            lines += [
+                f"  #{s['index']} on {s['node'] or '?'}",
+                f"    Q: {s['asked']}",
+                f"    A: {s['answer']}",
+            ]
+    return lines
 
 
 def _fmt(value: float | None, unit: str) -> str:

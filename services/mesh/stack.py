@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
 from services.common.redis_server import RedisServer
 from services.mesh.models import ModelSet, models_env
-from services.mesh.process import ChildProcess
+from services.mesh.process import ChildProcess, ServiceStartError
 
 ZONE = "z1"
 
@@ -18,7 +19,9 @@ ZONE = "z1"
 @dataclass(frozen=True)
 class StackConfig:
     """run_dir: logs and Redis files go here. redis_url: None starts a private Redis. base_port: None
-    lets every service bind port 0 (a free one); else ports are handed out upwards from it."""
+    lets every service bind port 0 (a free one); else ports are handed out upwards from it.
+    gateway_port / http_port: the gateway's gRPC and OpenAI HTTP ports (None: as the other ports; 0: a
+    free one). worker_env: HANZO_WORKER_* settings every worker gets (dtype, context, KV budget)."""
 
     run_dir: Path
     models: ModelSet
@@ -26,6 +29,9 @@ class StackConfig:
     workers: int = 2
     redis_url: str | None = None
     base_port: int | None = None
+    gateway_port: int | None = None
+    http_port: int | None = None
+    worker_env: Mapping[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 180.0
     stop_timeout_s: float = 20.0
 
@@ -62,6 +68,7 @@ class Stack:
     config: StackConfig
     services: list[ServiceInfo] = field(default_factory=list)
     gateway_address: str = ""
+    http_address: str = ""  # host:port of the gateway's OpenAI-compatible front
     _tiers: list[list[ChildProcess]] = field(default_factory=list)  # start order; stopped reversed
     _redis: RedisServer | None = None
     _details: dict[str, str] = field(default_factory=dict)  # worker name -> topology and models
@@ -104,7 +111,11 @@ class Stack:
         self._add_row(placer, f"redis {redis_url} prefix {prefix}")
         workers = self._start_tier([self._worker(i, ports, placer_address) for i in range(cfg.workers)])
         for w in workers:
-            self._add_row(w, self._details[w.name])
+            if w.ready.get("serving") == "False":
+                raise ServiceStartError(
+                    f"{w.name} could not load any of its models ({self._details[w.name]}); see {w.log_path}"
+                )
+            self._add_row(w, self._details[w.name] + f", serving {w.ready.get('models', '?')}")
         agents = [
             self._child(
                 f"telemetry-{i + 1}",
@@ -119,7 +130,8 @@ class Stack:
             "gateway",
             "services.gateway",
             "GATEWAY_READY",
-            HANZO_GATEWAY_PORT=ports.take(),
+            HANZO_GATEWAY_PORT=_chosen(cfg.gateway_port, ports),
+            HANZO_GATEWAY_HTTP_PORT=_chosen(cfg.http_port, ports),
             HANZO_GATEWAY_METRICS_PORT=ports.take(),
             HANZO_GATEWAY_PLACER_ADDRESS=placer_address,
             HANZO_GATEWAY_REDIS_URL=redis_url,
@@ -137,7 +149,9 @@ class Stack:
             self._add_row(agent, f"node {agent.ready.get('node_id')}, source {agent.ready.get('source')}")
         gateway.wait_ready(cfg.ready_timeout_s)
         self.gateway_address = gateway.ready["address"]
-        self._add_row(gateway, f"zone {ZONE} rack r1, API key required")
+        http = gateway.ready.get("http_address", "None")
+        self.http_address = "" if http == "None" else http  # None: the gateway runs no HTTP front
+        self._add_row(gateway, f"zone {ZONE} rack r1, API key required, OpenAI HTTP on {self.http_address}")
 
     def exited(self) -> list[tuple[str, int]]:
         """(name, exit code) of every child that has exited; empty while all run."""
@@ -169,6 +183,7 @@ class Stack:
             "HANZO_WORKER_ZONE": ZONE,
             "HANZO_WORKER_RACK": rack,
             "HANZO_WORKER_HOSTNAME": host,
+            **self.config.worker_env,
         }
         if "OMP_NUM_THREADS" not in os.environ:
             # Each worker's torch would otherwise start one thread per core and the workers would fight
@@ -201,6 +216,11 @@ class Stack:
                 detail,
             )
         )
+
+
+def _chosen(port: int | None, ports: _Ports) -> int:
+    """A port given explicitly, else the next one handed out."""
+    return ports.take() if port is None else port
 
 
 def new_run_dir(root: Path) -> Path:

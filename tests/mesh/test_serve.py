@@ -1,0 +1,132 @@
+"""`hanzo-mesh serve MODEL...` as a user runs it: a subprocess that prints where to reach the mesh, serves
+the model over gRPC and the OpenAI front, and stops cleanly on SIGTERM; and its refusals of bad input."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from services.mesh.cli import build_parser
+from services.mesh.process import ROOT
+from services.mesh.serve import access_lines, serving_models, worker_env
+
+READY_S = 240  # load time of the real model on a busy 2-core machine included
+
+
+@contextmanager
+def served(tmp_path: Path, *argv: str) -> Iterator[dict[str, str]]:
+    """`hanzo-mesh serve argv` until it prints its access lines; yields them by label (gateway, openai,
+    api key); SIGTERM at the end must stop it with exit code 0."""
+    log = tmp_path / "serve.out"
+    cmd = [sys.executable, "-m", "services.mesh", "serve", *argv, "--run-root", str(tmp_path / "runs")]
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, text=True)
+    try:
+        lines = _access(proc, log)
+        yield lines
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=60)
+        assert code == 0, log.read_text()[-4000:]
+
+
+def _access(proc: subprocess.Popen[str], log: Path) -> dict[str, str]:
+    deadline = time.monotonic() + READY_S
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if "\napi key: " in text:
+            found = {}
+            for line in text.splitlines():
+                label, sep, rest = line.partition(": ")
+                if sep and label in ("gateway", "openai", "api key"):
+                    found[label] = rest.split()[0]
+            return found
+        if proc.poll() is not None:
+            pytest.fail(f"serve exited with {proc.returncode} before it was ready:\n{text[-4000:]}")
+        time.sleep(0.2)  # polling a log file: the process gives no other signal of readiness
+    pytest.fail(f"serve printed no access lines within {READY_S} s:\n{log.read_text()[-4000:]}")
+
+
+def test_serve_smollm2_answers_through_the_openai_sdk(tmp_path: Path) -> None:
+    openai = pytest.importorskip("openai")
+    with served(tmp_path, "smollm2", "minilm", "--port", "0", "--http-port", "0", "--api-key", "k1") as lines:
+        assert lines["api key"] == "k1"
+        client = openai.OpenAI(base_url=lines["openai"], api_key="k1", max_retries=0, timeout=120)
+        assert {m.id for m in client.models.list().data} >= {"smollm2", "minilm"}
+        reply = client.chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": "What is the capital of France?"}],
+            temperature=0,
+            max_tokens=16,
+        )
+        assert "Paris" in reply.choices[0].message.content
+        assert reply.choices[0].finish_reason == "stop"
+        assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
+        vectors = client.embeddings.create(model="minilm", input=["a sentence", "another one"])
+        assert [len(d.embedding) for d in vectors.data] == [384, 384]
+
+
+def test_serve_a_checkpoint_directory_under_a_name(tmp_path: Path, llama_gqa_dir: Path) -> None:
+    openai = pytest.importorskip("openai")
+    argv = [str(llama_gqa_dir), "--name", "tiny", "--port", "0", "--http-port", "0", "--max-model-len", "512"]
+    with served(tmp_path, *argv) as lines:
+        assert lines["gateway"].startswith("127.0.0.1:")
+        client = openai.OpenAI(base_url=lines["openai"], api_key=lines["api key"], max_retries=0, timeout=60)
+        out = client.completions.create(
+            model="tiny", prompt="The quick brown fox", max_tokens=5, temperature=0
+        )
+        assert out.usage.completion_tokens >= 1
+        with pytest.raises(openai.BadRequestError):  # the context was cut to 512 tokens
+            client.completions.create(model="tiny", prompt=[5] * 600, max_tokens=5)
+
+
+@pytest.mark.parametrize(
+    ("models", "names", "words"),
+    [
+        (["no-such-model"], [], "no-such-model"),
+        (["smollm2", "smollm2"], [], "name them apart with --name"),
+        (["smollm2"], ["a", "b"], "--name was given 2 times for 1 models"),
+    ],
+)
+def test_serve_refuses_models_it_cannot_resolve(models: list[str], names: list[str], words: str) -> None:
+    with pytest.raises(ValueError, match=words):
+        serving_models(models, names)
+
+
+def test_serve_command_line_fails_in_one_line_for_an_unknown_model(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "services.mesh", "serve", str(tmp_path / "nothing-here")]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("error: ") and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_serve_options_become_worker_settings() -> None:
+    args = build_parser().parse_args(
+        ["serve", "smollm2", "--dtype", "bfloat16", "--max-model-len", "2048", "--kv-cache-gib", "0.5"]
+    )
+    assert (args.workers, args.port, args.http_port) == (1, 50050, 8000)
+    assert worker_env(args) == {
+        "HANZO_WORKER_DTYPE": "bfloat16",
+        "HANZO_WORKER_MAX_MODEL_LEN": "2048",
+        "HANZO_WORKER_KV_CACHE_BYTES": str(1 << 29),
+    }
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "smollm2", "--max-model-len", "1"])
+
+
+def test_access_lines_name_the_openai_base_url_and_key() -> None:
+    text = access_lines("127.0.0.1:1", "127.0.0.1:2", "key")
+    assert text.splitlines() == [
+        "gateway: 127.0.0.1:1  (metadata authorization: Bearer key)",
+        "openai: http://127.0.0.1:2/v1  (Authorization: Bearer key)",
+        "api key: key",
+    ]
