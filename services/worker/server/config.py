@@ -34,10 +34,10 @@ _DEFAULT_POLICY = PolicyConfig()
 # A CPU arena is ordinary virtual memory: pages no model or KV pool touched cost nothing. Sized for a
 # real model (weights plus the 2 GiB KV pool a decoder gets by default) but not huge: fork() of a process
 # holding several (in-process test workers) is refused under the kernel's heuristic overcommit, hence a
-# quarter of the memory available at start, within [1 GiB, 8 GiB]. On CUDA the arena takes this
+# quarter of the memory available at start, within [1 GiB, 4 GiB]. On CUDA the arena takes this
 # fraction of the memory free at start.
 MIN_CPU_ARENA_BYTES = 1 << 30
-MAX_CPU_ARENA_BYTES = 8 << 30
+MAX_CPU_ARENA_BYTES = 4 << 30
 CPU_ARENA_SHARE = 0.25
 DEFAULT_CUDA_ARENA_FRACTION = 0.9
 DTYPES = ("auto", "float32", "bfloat16", "float16")
