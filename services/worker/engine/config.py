@@ -22,7 +22,7 @@ class EngineConfig:
     max_model_len: None means the checkpoint's context length.
     max_num_batched_tokens: the largest per-step token budget; the policy chooses each step's budget.
     policy: the scheduling policy, a PolicyConfig or just its name ("adaptive", "fifo"); None means
-    adaptive with DESIGN.md's class defaults.
+    adaptive with the default service levels of policy/classes.py.
     """
 
     dtype: str = "float32"

@@ -12,7 +12,7 @@ class SchedulerConfig:
     """Per-step limits. watermark: fraction of blocks left free when admitting new work, so a fresh
     admission does not force a preemption on the very next decode step. max_num_batched_tokens is
     the largest budget a step may get; the policy picks each step's budget up to it.
-    policy: None means adaptive with DESIGN.md's class defaults."""
+    policy: None means adaptive with the default service levels of policy/classes.py."""
 
     max_model_len: int
     max_num_seqs: int = 64

@@ -44,7 +44,7 @@ class ClassPolicy:
         return self.ttft_slo_s is not None or self.itl_slo_s is not None
 
 
-# DESIGN.md's service levels. The SLOs are GPU numbers; a CPU deployment configures its own.
+# The mesh's default service levels per class. The SLOs are GPU numbers; a CPU deployment configures its own.
 DEFAULT_CLASS_POLICIES: Mapping[WorkloadClass, ClassPolicy] = MappingProxyType(
     {
         WorkloadClass.REALTIME_CHAT: ClassPolicy(

@@ -201,7 +201,7 @@ class _StepNeeds:
 
 
 def make_policy(config: PolicyConfig | None, max_num_batched_tokens: int) -> SchedulingPolicy:
-    """The policy for config (None: adaptive with DESIGN.md's defaults)."""
+    """The policy for config (None: adaptive with the default service levels)."""
     return SchedulingPolicy(config or PolicyConfig(), max_num_batched_tokens)
 
 
