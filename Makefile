@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/hanzo/inference/v1/*.proto)
 GENERATED := hanzo/inference/v1/placer_pb2.py
 
-.PHONY: setup redis protos demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed bench-multimodel clean
+.PHONY: setup redis protos kernels demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed bench-multimodel clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,7 +28,17 @@ $(GENERATED): $(PROTOS) services/common/protogen.py $(STAMP)
 
 protos: $(GENERATED)
 
-setup: $(STAMP) $(GENERATED) redis
+# The worker's C++ CPU kernels (services/worker/models/csrc), compiled for this machine into torch's
+# extension cache; without a compiler the worker keeps its PyTorch paths and says so.
+KERNEL_SOURCES := $(wildcard services/worker/models/csrc/*.cpp) services/worker/models/cpu_kernels.py
+KERNEL_STAMP := $(VENV)/.kernels
+$(KERNEL_STAMP): $(KERNEL_SOURCES) $(STAMP)
+	$(PY) -m services.worker.models.cpu_kernels
+	touch $(KERNEL_STAMP)
+
+kernels: $(KERNEL_STAMP)
+
+setup: $(STAMP) $(GENERATED) $(KERNEL_STAMP) redis
 
 # The local stack and the tests start their own redis-server (Debian's package): installed here when
 # missing and we are root, else one line saying what to run.

@@ -53,6 +53,10 @@ class RequestRecord:
         return None if self.ended is None else self.ended - self.started
 
 
+# The mesh's workload-class header (the gateway's classifier reads it); vLLM ignores it.
+WORKLOAD_HEADER = "x-hanzo-workload"
+
+
 def auth_metadata(api_key: str) -> tuple[tuple[str, str], ...]:
     return (("authorization", f"Bearer {api_key}"),)
 
@@ -65,10 +69,11 @@ class HttpChat:
     """POST /v1/chat/completions with stream=true, read as raw server-sent events: the SDK's pydantic
     chunk objects would cost the client more per token than the JSON it needs."""
 
-    def __init__(self, base_url: str, api_key: str, model: str) -> None:
+    def __init__(self, base_url: str, api_key: str, model: str, workload: str | None = None) -> None:
         # max_retries=0: a retried request would hide an error and double its latency.
         self._client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=600.0)
         self._model = model
+        self._headers = {WORKLOAD_HEADER: workload} if workload else {}
 
     async def __call__(self, req: ChatRequest, rec: RequestRecord) -> None:
         async with self._client.chat.completions.with_streaming_response.create(
@@ -79,6 +84,7 @@ class HttpChat:
             stream=True,
             stream_options={"include_usage": True},
             extra_body={"ignore_eos": True},
+            extra_headers=self._headers,
         ) as response:
             async for line in response.iter_lines():
                 if not line.startswith("data:"):
@@ -105,10 +111,10 @@ class HttpChat:
 class GrpcChat:
     """Inference.Chat on the gateway: same messages and sampling as the HTTP request."""
 
-    def __init__(self, address: str, api_key: str, model: str) -> None:
+    def __init__(self, address: str, api_key: str, model: str, workload: str | None = None) -> None:
         self._channel = grpc.aio.insecure_channel(address)
         self._chat = inference_pb2_grpc.InferenceStub(self._channel).Chat
-        self._metadata = auth_metadata(api_key)
+        self._metadata = auth_metadata(api_key) + (((WORKLOAD_HEADER, workload),) if workload else ())
         self._model = model
 
     async def __call__(self, req: ChatRequest, rec: RequestRecord) -> None:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 from bench.progress import log
@@ -27,6 +29,23 @@ def gguf_path() -> Path:
     from services.worker.models.catalog import resolve_model_source
 
     return resolve_model_source("smollm2")
+
+
+def measured_dtype(model_dir: Path) -> str:
+    """What the worker's dtype "auto" picks for this checkpoint on this machine (float32 or bfloat16, by
+    timing its matrix products), so both servers can be given that one dtype by name. Measured in a child
+    process: torch stays out of the benchmark client, which shares the cores with the servers."""
+    config = json.loads((model_dir / "config.json").read_text())
+    code = (
+        "import sys; from services.worker.models.dtype_choice import faster_on_cpu; "
+        "print(faster_on_cpu(int(sys.argv[1]), int(sys.argv[2])))"
+    )
+    sizes = [str(config["hidden_size"]), str(config["intermediate_size"])]
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code, *sizes], cwd=root, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"measuring dtype auto failed:\n{done.stderr}")
+    return done.stdout.strip().splitlines()[-1]
 
 
 def ensure_model(model_dir: Path = DEFAULT_MODEL_DIR) -> Path:

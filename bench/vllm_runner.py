@@ -24,6 +24,7 @@ def main() -> None:
     parser.add_argument("--workload", required=True, type=Path)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--memory-utilization", type=float, default=0.4, help="vLLM gpu_memory_utilization")
     args = parser.parse_args()
 
@@ -37,7 +38,7 @@ def main() -> None:
     # skip_tokenizer_init: the synthetic checkpoint may ship no tokenizer, and we only need token ids.
     llm = LLM(
         model=str(args.model),
-        dtype="float32",
+        dtype=args.dtype,
         skip_tokenizer_init=True,
         max_model_len=args.max_model_len,
         seed=0,

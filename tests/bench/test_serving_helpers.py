@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import tokenizers
 
-from bench.serving import RatePlan
+from bench.serving import RatePlan, Samples, parse_args
 from bench.serving_client import RequestRecord, RunResult, arrival_offsets
 from bench.serving_data import ChatTemplater, first_exchange, iter_conversations, sample_requests
 from bench.serving_servers import access_lines, vllm_log_facts
@@ -78,10 +78,24 @@ def test_sample_requests_filters_caps_and_is_seeded(word_model: Path, tmp_path: 
     assert len(got) == 8 and [r.index for r in got] == list(range(8))
     assert all(4 <= r.max_tokens <= 20 and r.prompt_tokens <= 20 for r in got)
     assert "c0" not in {r.conversation_id for r in got}  # a 3-token reply is under the minimum
+
     again = sample_requests(word_model, 8, seed=3, max_output_tokens=20, max_prompt_tokens=20, path=path)
     assert got == again
     with pytest.raises(SystemExit):
         sample_requests(word_model, 30, seed=3, path=path)
+
+
+def test_every_load_gets_prompts_no_other_load_sent(word_model: Path, tmp_path: Path) -> None:
+    rows = [conversation(i, " ".join(["w1"] * (4 + i % 5)), " ".join(["w2"] * 6)) for i in range(60)]
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(rows))
+    args = parse_args(["--num-prompts", "5", "--rates", "0.2", "--rate-fractions", "0.5"])
+    samples = Samples.draw(word_model, args, path)
+    loads = [samples.warm, samples.saturation, *samples.poisson, samples.spare]
+    assert [len(x) for x in loads] == [2, 5, 5, 5, 5, 5]  # rates 0.2 and 0.5 x capacity, maybe a moderate
+    ids = [r.conversation_id for load in loads for r in load]
+    assert len(set(ids)) == len(ids)
+    assert samples.at_rate([0.9, 0.2], 0.9) is samples.poisson[1]
 
 
 def test_arrivals_are_poisson_at_the_rate_and_inf_is_at_once() -> None:

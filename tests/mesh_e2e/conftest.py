@@ -56,6 +56,9 @@ async def running_mesh(
     )
     await placer.start()
     apps = []
+    # float32 unless told: the tests compare with LLM(), whose default it is; "auto" is bfloat16 wherever
+    # that measures faster.
+    worker_overrides.setdefault("dtype", "float32")
     for i in range(workers):
         settings = WorkerSettings(
             port=0, node_id=f"w{i + 1}", placer_address=placer.address, models=model_dirs, zone="z1",

@@ -42,6 +42,7 @@ from services.worker.memory.placement import (
 )
 from services.worker.models.catalog import default_model_name
 from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
+from services.worker.models.linear import pack_model, unpack_model
 from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 
 _URGENT_ROUNDS = 4  # urgent steps at most, back to back, before a step's ordinary batch
@@ -101,6 +102,9 @@ class LLMEngine(KVPoolResizing):
             self.model_name = model_name or default_model_name(model_dir)
             kv_caches = self._load_in_arena(model_dir, memory, self.model_name)
         self.tokenizer = self.loaded.tokenizer
+        self.packed_weight_bytes = 0  # packed CPU copies of the weights (EngineConfig.pack_cpu_weights)
+        if self.config.pack_cpu_weights and self.device.type == "cpu":
+            self.packed_weight_bytes = pack_model(self.loaded.model, self.model_name or str(model_dir))
         spec = self._kv_spec()
         self.runner = ModelRunner(self.loaded.model, spec, kv_caches, self.device, self.config.seed)
         self.block_manager = BlockManager(
@@ -272,6 +276,7 @@ class LLMEngine(KVPoolResizing):
             raise ModelBusyError(self._placed.partition.model, len(in_flight))
         for request_id in in_flight:
             self.abort_request(request_id)
+        unpack_model(self.loaded.model)  # frees the packed copies now, not with the engine's last reference
         host = evict_to_host(self.memory, self._placed, keep_host_copy=keep_host_copy)
         self._evicted = True
         self.partition = None

@@ -11,6 +11,7 @@ from services.worker.engine.kv_cache import KVCaches, KVCacheSpec
 from services.worker.engine.sampler import Sampler
 from services.worker.engine.scheduled_batch import ScheduledBatch
 from services.worker.engine.sequence import Sequence
+from services.worker.models.cpu_kernels import paged_decode_kernel
 from services.worker.models.paged_attention import (
     AttentionMetadata,
     DecodeGroup,
@@ -19,6 +20,7 @@ from services.worker.models.paged_attention import (
 )
 
 _CPU_DECODE_GROUP = 8  # measured: 8 groups of 4 or 4 of 8 beat 1 of 32 about 4x (paged_attention.py)
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what cpu_kernels' paged_decode is built for
 
 
 @dataclass
@@ -53,8 +55,8 @@ class ModelRunner:
         self.attention = PagedAttention(self.kv_caches)
         self.sampler = Sampler(device, seed)
         self._pin = device.type == "cuda"
-        # CPU: decodes attended in groups of this many (see paged_attention); CUDA: all in one.
-        self.decode_group_size: int | None = _CPU_DECODE_GROUP if device.type == "cpu" else None
+        self.decode_group_size: int | None = None
+        self._choose_decode_path()
 
     def set_kv_caches(self, kv_caches: KVCaches) -> None:
         """Attend over kv_caches (this spec, any block count) from the next step on: the engine's KV pool
@@ -62,6 +64,24 @@ class ModelRunner:
         self.kv_caches = kv_caches
         self.num_blocks = kv_caches[0][0].shape[0]
         self.attention.kv_caches = kv_caches
+        self._choose_decode_path()
+
+    def _choose_decode_path(self) -> None:
+        """CPU: the worker's kernel where it is built and can address these caches (one dense
+        [N, bs, Hkv, D] tensor each, float32 or bfloat16), all decodes in one call with no mask; else
+        decodes in groups of _CPU_DECODE_GROUP (see paged_attention). CUDA: all in one SDPA."""
+        k, v = self.kv_caches[0]
+        kernel = None
+        if (
+            self.device.type == "cpu"
+            and k.dtype in _KERNEL_DTYPES
+            and k.is_contiguous()
+            and v.is_contiguous()
+        ):
+            kernel = paged_decode_kernel()
+        self.attention.decode_kernel = kernel
+        cpu_groups = self.device.type == "cpu" and kernel is None
+        self.decode_group_size = _CPU_DECODE_GROUP if cpu_groups else None
 
     @torch.inference_mode()
     def execute(
@@ -129,12 +149,15 @@ class ModelRunner:
         to = self._to_device
         groups = []
         size = self.decode_group_size or max(1, num_decodes)
+        masked = self.attention.decode_kernel is None
         for start in range(0, num_decodes, size):
             end = min(start + size, num_decodes)
             context_lens = positions_t[start:end] + 1
             blocks = -(-int(context_lens[-1]) // bs)  # sorted: the last is the longest
-            mask = (torch.arange(blocks * bs) < context_lens.unsqueeze(1)).view(end - start, 1, 1, -1)
-            groups.append(DecodeGroup(start, end, to(tables[start:end, :blocks]), to(mask)))
+            mask = None
+            if masked:
+                mask = to((torch.arange(blocks * bs) < context_lens.unsqueeze(1)).view(end - start, 1, 1, -1))
+            groups.append(DecodeGroup(start, end, to(tables[start:end, :blocks]), to(context_lens), mask))
         chunks = []
         offset = num_decodes
         for row, i in enumerate(prefills, start=num_decodes):

@@ -27,11 +27,11 @@ def resolve_dtype(requested: str, device: str, config: DecoderConfig | EncoderCo
     if device.startswith("cuda"):
         own = getattr(config, "torch_dtype", None)  # encoder configs keep none
         return own if own in ("float32", "bfloat16", "float16") else _CUDA_FALLBACK
-    return _faster_on_cpu(config.hidden_size, config.intermediate_size)
+    return faster_on_cpu(config.hidden_size, config.intermediate_size)
 
 
 @functools.cache
-def _faster_on_cpu(hidden: int, intermediate: int) -> str:
+def faster_on_cpu(hidden: int, intermediate: int) -> str:
     """The faster of float32 / bfloat16 for [rows, hidden] x [hidden, intermediate] products (the MLP's
     shape), summed over a decode's, a batch's and a prefill chunk's row counts; measured once per shape
     and process (about 0.1-0.5 s)."""

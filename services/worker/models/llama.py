@@ -17,7 +17,15 @@ from torch import nn
 from services.worker.models.checkpoint import check_shape, require_all
 from services.worker.models.config import DecoderConfig
 from services.worker.models.errors import CheckpointError
-from services.worker.models.linear import Linear, linear
+from services.worker.models.linear import (
+    Linear,
+    linear,
+    pack,
+    pack_linears,
+    packable,
+    packed_linear,
+    unpack_linears,
+)
 from services.worker.models.paged_attention import PagedAttention
 from services.worker.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
@@ -77,9 +85,7 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(
-            config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias
-        )
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=config.attention_bias)
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=config.o_proj_bias)
 
     def forward(
@@ -156,6 +162,24 @@ class LlamaForCausalLM(nn.Module):
         self.register_buffer(
             "rope_cache", torch.empty(config.max_position_embeddings, config.head_dim), persistent=False
         )
+        self._head_slices: list[torch.Tensor] = []  # packed vocabulary slices (pack_weights)
+
+    def pack_weights(self) -> int:
+        """CPU: packed copies of every product's weight (linear.py), the LM head's also in the
+        vocabulary slices compute_logits takes under layer preemption; the bytes they add."""
+        added = pack_linears(self)
+        weight = self.lm_head.weight
+        if packable(weight) and weight.shape[0] > _CHECKPOINT_VOCAB:
+            vocab = weight.shape[0]
+            self._head_slices = [
+                pack(weight[s : s + _CHECKPOINT_VOCAB]) for s in range(0, vocab, _CHECKPOINT_VOCAB)
+            ]
+            added += weight.numel() * weight.element_size()
+        return added
+
+    def unpack_weights(self) -> None:
+        unpack_linears(self)
+        self._head_slices = []
 
     def init_buffers(self) -> None:
         """Fill non-checkpoint buffers (the RoPE table) in place, on the model's device; call after loading.
@@ -206,11 +230,14 @@ class LlamaForCausalLM(nn.Module):
         if between is None or vocab <= _CHECKPOINT_VOCAB:
             return self.lm_head(hidden).float()
         logits = torch.empty(hidden.shape[0], vocab, dtype=torch.float32, device=hidden.device)
-        for start in range(0, vocab, _CHECKPOINT_VOCAB):
+        for i, start in enumerate(range(0, vocab, _CHECKPOINT_VOCAB)):
             if start:
                 between()
             end = min(start + _CHECKPOINT_VOCAB, vocab)
-            logits[:, start:end] = linear(hidden, weight[start:end])
+            if self._head_slices and hidden.dtype == weight.dtype:
+                logits[:, start:end] = packed_linear(hidden, self._head_slices[i])
+            else:
+                logits[:, start:end] = linear(hidden, weight[start:end])
         return logits
 
     @torch.no_grad()

@@ -10,6 +10,10 @@ decodes go in groups of a few sequences of similar length (the runner sorts them
 gathered contexts of 100-1000 tokens measured 4x slower than eight SDPAs of 4 (the gathered keys of a
 small group stay in cache; sorting trims the padding). On CUDA one group holds every decode. Prefill chunks
 attend one at a time (few per step); a chunk that starts at position 0 needs no gather at all.
+
+On CPU, where the worker's own kernel is built (cpu_kernels.py), the decodes skip the gather and SDPA
+altogether: one call reads every decode's keys and values in place from the cache (a group without a
+mask marks that path). Prefill chunks keep SDPA, which is compute-bound and good at it.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+
+from services.worker.models.cpu_kernels import PagedDecode
 
 # Under layer-level preemption, a long prefill chunk attends this many queries between two checkpoints.
 CHECKPOINT_QUERIES = 128
@@ -37,12 +43,13 @@ class PrefillChunk:
 
 @dataclass
 class DecodeGroup:
-    """Decodes [start, end) of the flat batch, attended in one SDPA."""
+    """Decodes [start, end) of the flat batch, attended in one SDPA (or one call of the CPU kernel)."""
 
     start: int
     end: int
     block_tables: torch.Tensor  # [g, nb] long: the group's block tables, padded with 0
-    mask: torch.Tensor  # [g, 1, 1, nb * block_size] bool: True where the key is real
+    context_lens: torch.Tensor  # [g] long: tokens of context of each, its new one included
+    mask: torch.Tensor | None  # [g, 1, 1, nb * block_size] bool, True where the key is real; None: kernel
 
 
 @dataclass
@@ -61,8 +68,12 @@ class AttentionMetadata:
 class PagedAttention:
     """Holds the KV caches of every layer and the current step's metadata; the model calls forward()."""
 
-    def __init__(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    def __init__(
+        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], decode_kernel: PagedDecode | None = None
+    ) -> None:
+        """decode_kernel: cpu_kernels' paged_decode, for the groups built without a mask."""
         self.kv_caches = kv_caches
+        self.decode_kernel = decode_kernel
         self.metadata: AttentionMetadata | None = None
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -75,10 +86,10 @@ class PagedAttention:
         tokens, heads, head_dim = q.shape
         kv_heads = k.shape[1]
         if not meta.prefills:
-            return _decode(q, k_cache, v_cache, meta).reshape(tokens, heads * head_dim)
+            return self._decode(q, k_cache, v_cache, meta).reshape(tokens, heads * head_dim)
         out = torch.empty_like(q)
         if meta.num_decodes:
-            out[: meta.num_decodes] = _decode(q[: meta.num_decodes], k_cache, v_cache, meta)
+            out[: meta.num_decodes] = self._decode(q[: meta.num_decodes], k_cache, v_cache, meta)
         for i, chunk in enumerate(meta.prefills):
             if (i or meta.num_decodes) and meta.checkpoint is not None:
                 meta.checkpoint()  # may run other steps: this layer's K/V for this step are written already
@@ -115,22 +126,26 @@ class PagedAttention:
                 )[0].transpose(0, 1)
         return out.reshape(tokens, heads * head_dim)
 
-
-def _decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
-) -> torch.Tensor:
-    """Single-query attention for the decodes: q [B, H, D] -> [B, H, D]."""
-    batch, heads, head_dim = q.shape
-    kv_heads = k_cache.shape[2]
-    qg = q.view(batch, kv_heads, heads // kv_heads, head_dim)  # [B, Hkv, G, D]
-    if len(meta.decode_groups) == 1:
-        return _decode_group(qg, k_cache, v_cache, meta.decode_groups[0]).reshape(batch, heads, head_dim)
-    out = torch.empty_like(qg)
-    for i, group in enumerate(meta.decode_groups):
-        if i and meta.checkpoint is not None:
-            meta.checkpoint()
-        out[group.start : group.end] = _decode_group(qg[group.start : group.end], k_cache, v_cache, group)
-    return out.reshape(batch, heads, head_dim)
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """Single-query attention for the decodes: q [B, H, D] -> [B, H, D]."""
+        batch, heads, head_dim = q.shape
+        kernel = self.decode_kernel
+        if kernel is not None and len(meta.decode_groups) == 1 and meta.decode_groups[0].mask is None:
+            group = meta.decode_groups[0]
+            return kernel(q, k_cache, v_cache, group.block_tables, group.context_lens, head_dim**-0.5)
+        kv_heads = k_cache.shape[2]
+        qg = q.view(batch, kv_heads, heads // kv_heads, head_dim)  # [B, Hkv, G, D]
+        if len(meta.decode_groups) == 1:
+            group = meta.decode_groups[0]
+            return _decode_group(qg, k_cache, v_cache, group).reshape(batch, heads, head_dim)
+        out = torch.empty_like(qg)
+        for i, group in enumerate(meta.decode_groups):
+            if i and meta.checkpoint is not None:
+                meta.checkpoint()
+            out[group.start : group.end] = _decode_group(qg[group.start : group.end], k_cache, v_cache, group)
+        return out.reshape(batch, heads, head_dim)
 
 
 def _decode_group(

@@ -34,6 +34,8 @@ def same_size_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
 
 
 def settings(models: dict[str, Path], arena_bytes: int, **overrides: object) -> WorkerSettings:
+    # float32, as LLM() below: the worker's "auto" is bfloat16 wherever that measures faster.
+    overrides.setdefault("dtype", "float32")
     return WorkerSettings(
         models=models, arena_bytes=arena_bytes, kv_cache_bytes=KV_BYTES, max_num_seqs=4, **overrides
     )  # type: ignore[arg-type]

@@ -48,6 +48,7 @@ async def running_worker(
     settings = WorkerSettings(
         port=0, node_id="w1", placer_address=no_placer(tmp_path), models=models,
         arena_bytes=arena_bytes, kv_cache_bytes=512 << 10, heartbeat_interval_s=60.0, drain_timeout_s=0.5,
+        dtype="float32",  # as LLM() below: the worker's "auto" is bfloat16 wherever that measures faster
     )  # fmt: skip
     async with serving(settings) as running:
         yield running
