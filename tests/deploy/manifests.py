@@ -141,6 +141,16 @@ def metrics_port(module: str, env: dict[str, str]) -> int | None:
     return int(value) if value else None
 
 
+def http_port(module: str, env: dict[str, str]) -> int | None:
+    """The gateway's OpenAI HTTP port as GatewaySettings reads it (None: no HTTP front, or not a gateway)."""
+    if module != "services.gateway":
+        return None
+    from services.gateway.config import GatewaySettings
+
+    literal = {k: v for k, v in env.items() if isinstance(v, str)}  # not the Secret references
+    return GatewaySettings.from_env(literal).http_port
+
+
 # ---------------------------------------------------------------- kubernetes model
 
 

@@ -155,29 +155,6 @@ def test_compose_runs_every_service_with_two_workers_and_their_agents() -> None:
     assert len(mesh_services(TELEMETRY)) == 2
 
 
-def test_compose_ports_match_the_services_settings() -> None:
-    for name, svc in mesh_services().items():
-        module = module_of(compose_argv(svc))
-        env = compose_env(svc)
-        published = {container_port(p) for p in svc.get("ports", [])}
-        if module == TELEMETRY:
-            assert not published, f"{name}: telemetry listens on nothing"
-            continue
-        port = grpc_port(module, env)
-        health_target = interpolate(" ".join(svc["healthcheck"]["test"]))
-        assert f"{IMAGE_WORKDIR}/deploy/healthcheck.py 127.0.0.1:{port}" in health_target, name
-        allowed = {port, metrics_port(module, env)}
-        assert published <= allowed, f"{name} publishes {published}, it listens on {allowed}"
-        if metrics_port(module, env) is not None:
-            assert metrics_port(module, env) in published, f"{name}: publish the metrics port"
-    gateway = next(iter(mesh_services("services.gateway").values()))
-    assert grpc_port("services.gateway", compose_env(gateway)) in {
-        container_port(p) for p in gateway["ports"]
-    }, "the gateway is the public endpoint"
-    host_ports = [p.split(":")[0] for s in compose_services().values() for p in map(str, s.get("ports", []))]
-    assert len(host_ports) == len(set(host_ports)), f"a host port is published twice: {host_ports}"
-
-
 def test_compose_healthchecks_use_the_script_or_a_native_check() -> None:
     for name, svc in compose_services().items():
         test = svc.get("healthcheck", {}).get("test")
