@@ -56,6 +56,8 @@ from bench.report import ratio
 from services.common.workload import WorkloadClass
 from services.worker.engine import EngineConfig, LLMEngine
 from services.worker.engine.policy.classes import DEFAULT_CLASS_POLICIES, PolicyConfig, PolicyName
+from services.worker.models.config import load_model_config
+from services.worker.models.dtype_choice import resolve_dtype
 
 TARGETS = {"realtime_ttft_p99_ratio": 2.0, "batch_throughput_ratio": 0.9}
 TTFT_SLO_FACTOR = 2.0  # x idle TTFT p99: exactly the real-time target
@@ -98,6 +100,10 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--max-num-batched-tokens", type=int, default=EngineConfig.max_num_batched_tokens)
     parser.add_argument("--max-num-seqs", type=int, default=EngineConfig.max_num_seqs)
+    parser.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+        help="the engines' dtype; auto: as the worker resolves it on this machine",
+    )  # fmt: skip
     args = parser.parse_args()
     for name in ("realtime_ttft_slo_ms", "agent_ttft_slo_ms", "itl_slo_ms", "duration_s"):
         value = getattr(args, name)
@@ -118,7 +124,7 @@ def engine_config(args: argparse.Namespace, policy: PolicyConfig | str) -> Engin
         policy=policy,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=args.max_num_seqs,
-        dtype="float32",
+        dtype=args.dtype,
     )
 
 
@@ -279,7 +285,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     model_dir = ensure_checkpoint(args.model_dir)
-    log(f"checkpoint {model_dir}, torch threads {torch.get_num_threads()}")
+    args.dtype = resolve_dtype(args.dtype, "cpu", load_model_config(model_dir))
+    log(f"checkpoint {model_dir}, {args.dtype}, torch threads {torch.get_num_threads()}")
     vocab = json.loads((model_dir / "config.json").read_text())["vocab_size"]
     warmup = [
         *make_requests(spec.realtime, 2, vocab, args.seed + 1, "warmup"),
@@ -321,13 +328,14 @@ def main() -> None:
         # Mean cores other processes (other_cores) and the hypervisor (steal_cores) took during each phase:
         # near 0 on a quiet machine; a phase with more than a few tenths was slowed by someone else.
         "contention": contention,
-        "trace": summarize(spec, trace),
+        "trace": summarize(spec, trace, baseline.batch_tok_s),
         "seed": args.seed,
         "rounds": rounds,
         "quick": args.quick,
         "engine_config": {
             "max_num_batched_tokens": args.max_num_batched_tokens,
             "max_num_seqs": args.max_num_seqs,
+            "dtype": args.dtype,
         },
         "torch_threads": torch.get_num_threads(),
         "model": {"dir": str(model_dir)},

@@ -43,6 +43,10 @@ class TraceSpec:
     batch_window of it, faster than the engine serves them, and hold batch_fill x (measured batch tokens/s)
     x duration_s tokens in all: an engine at full batch speed clears the backlog after about batch_fill of
     the trace, one at batch_fill x that speed by its end, with latency requests arriving all along.
+    latency_share: the latency classes' rates are their nominal rate_per_s, scaled down (never up) where
+    their tokens would take more than this share of the measured batch tokens/s: on a small model the
+    nominal rates are light, on a real one on 2 cores they alone would saturate the engine and starve
+    the batch documents the trace is about.
     """
 
     name: str
@@ -52,6 +56,7 @@ class TraceSpec:
     batch: ClassSpec
     batch_window: float = 0.3
     batch_fill: float = 0.45
+    latency_share: float = 0.3
 
     def __post_init__(self) -> None:
         if self.realtime.rate_per_s is None or self.agent.rate_per_s is None:
@@ -96,8 +101,9 @@ def make_trace(spec: TraceSpec, vocab_size: int, batch_tok_s: float, seed: int) 
     """
     rng = random.Random(seed)
     requests = []
+    scale = latency_rate_scale(spec, batch_tok_s)
     for cls in (spec.realtime, spec.agent):
-        rate = cls.rate_per_s or 0.0  # never 0: TraceSpec checks latency classes have a rate
+        rate = (cls.rate_per_s or 0.0) * scale  # never 0: TraceSpec checks latency classes have a rate
         t = rng.expovariate(rate)
         while t < spec.duration_s:
             requests.append(_request(rng, cls, len(requests), t, vocab_size))
@@ -115,6 +121,15 @@ def make_trace(spec: TraceSpec, vocab_size: int, batch_tok_s: float, seed: int) 
         requests.append(TraceRequest(doc.request_id, doc.workload, doc.tenant, t, doc.prompt, doc.max_tokens))
         t += rng.expovariate(rate)
     return sorted(requests, key=lambda r: r.arrival_s)
+
+
+def latency_rate_scale(spec: TraceSpec, batch_tok_s: float) -> float:
+    """The factor (<= 1) on the latency classes' nominal rates: see TraceSpec.latency_share."""
+    demand = sum(
+        (cls.rate_per_s or 0.0) * (sum(cls.prompt_len) + sum(cls.output_len)) / 2
+        for cls in (spec.realtime, spec.agent)
+    )  # tokens/s the latency classes ask for at their nominal rates (mean lengths)
+    return min(1.0, spec.latency_share * batch_tok_s / demand) if demand > 0 else 1.0
 
 
 def make_requests(cls: ClassSpec, count: int, vocab_size: int, seed: int, prefix: str) -> list[TraceRequest]:
@@ -140,19 +155,24 @@ def _request(rng: random.Random, cls: ClassSpec, index: int, arrival_s: float, v
     )
 
 
-def summarize(spec: TraceSpec, trace: list[TraceRequest]) -> dict[str, object]:
+def summarize(spec: TraceSpec, trace: list[TraceRequest], batch_tok_s: float) -> dict[str, object]:
     """JSON-ready description of the trace, so results from different traces are never confused."""
+    scale = latency_rate_scale(spec, batch_tok_s)
     out: dict[str, object] = {
         "name": spec.name,
         "duration_s": spec.duration_s,
         "batch_window": spec.batch_window,
         "batch_fill": spec.batch_fill,
+        "latency_share": spec.latency_share,
+        "latency_rate_scale": round(scale, 4),
     }
     for cls in (spec.realtime, spec.agent, spec.batch):
         mine = [r for r in trace if r.workload is cls.workload]
         out[CLASS_NAMES[cls.workload]] = {
             "requests": len(mine),
-            "rate_per_s": cls.rate_per_s or len(mine) / (spec.batch_window * spec.duration_s),
+            "rate_per_s": (cls.rate_per_s * scale)
+            if cls.rate_per_s
+            else len(mine) / (spec.batch_window * spec.duration_s),
             "prompt_len_range": list(cls.prompt_len),
             "output_len_range": list(cls.output_len),
             "tenants": cls.tenants,

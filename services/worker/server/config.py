@@ -147,8 +147,9 @@ class WorkerSettings:
     dtype: str = "auto"
     kv_cache_bytes: int | None = None
     max_model_len: int | None = None
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 1024
+    # vLLM's CPU server defaults: with 64 seats and 1024 tokens a step, 100 chats at once ran 3-8% slower.
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048
     max_waiting: int = 256
     zone: str = ""
     rack: str = ""
