@@ -154,7 +154,7 @@ def derive_slos(args: argparse.Namespace, idle: list[RequestTiming]) -> dict[str
 
 
 def adaptive_policy(slos: dict[str, float | None], itl_min_efficiency: float | None = None) -> PolicyConfig:
-    """DESIGN.md's class defaults with this machine's latency SLOs."""
+    """The class defaults of policy/classes.py with this machine's latency SLOs."""
     classes = dict(DEFAULT_CLASS_POLICIES)
     for workload, ttft in (
         (WorkloadClass.REALTIME_CHAT, slos["realtime_ttft_s"]),

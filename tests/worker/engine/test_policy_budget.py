@@ -247,3 +247,17 @@ def test_efficiency_bound_expects_bigger_steps_to_spread_their_fixed_cost() -> N
     model.observe(256, 64, 0.049)
     assert BudgetController(16, 1024, model).choose(0.03, 64, min_efficiency=0.9) == 496
     assert model.estimate(1024, 64) == pytest.approx(0.049 * 4)  # the SLO estimate stays on the safe side
+
+
+def test_a_target_below_every_measured_step_brings_the_budget_down_to_measure_a_small_one() -> None:
+    """Only full prefill steps measured (1024 tokens, 1.9 s, as SmolLM2 on one core), then a chat
+    stream's 170 ms inter-token target: the budget goes down to the minimum to learn what a small step
+    costs, rather than trusting the safe estimate that every step takes 1.9 s; measured, the budget
+    settles where the target and the efficiency bound agree."""
+    model = StepTimeModel()
+    model.observe(1000, 8, 1.9)
+    controller = BudgetController(16, 1024, model)
+    assert controller.choose(0.17, 8, min_efficiency=0.9) == 16
+    model.observe(16, 8, 0.065)  # the fixed cost of a step: 63 ms
+    assert 16 < controller.choose(0.17, 8, min_efficiency=0.9) < 1024
+    assert model.estimate(16, 8, realistic=True) == pytest.approx(0.065)

@@ -43,7 +43,7 @@ class StepTimeModel:
             tokens, mean = old
             self._points[key] = (tokens + _EWMA * (num_tokens - tokens), mean + _EWMA * (seconds - mean))
 
-    def estimate(self, num_tokens: int, num_seqs: int, fixed_cost_beyond: bool = False) -> float | None:
+    def estimate(self, num_tokens: int, num_seqs: int, realistic: bool = False) -> float | None:
         """Predicted seconds for a step of that shape; None before the first observed step.
 
         Between two measured sizes it interpolates linearly; past the largest it scales that one's time
@@ -52,9 +52,14 @@ class StepTimeModel:
         many sequences it borrows the nearest larger count (slower, so again the safe side), else the
         nearest smaller one.
 
-        fixed_cost_beyond: past the largest measured size, extend the line through the two largest
-        instead (their difference is what a token costs; the rest is the step's fixed cost), the
-        realistic guess for what a bigger step would gain, where the safe side is not the point.
+        realistic: outside the measured sizes, the best guess rather than the safe side (for throughput,
+        where overestimating is no safer): past the largest, the line through the two largest (their
+        difference is what a token costs; the rest is the step's fixed cost); below the smallest, the
+        line through the two smallest, never under that step's time scaled down by the token ratio
+        (no fixed cost at all), which is also the guess while only one size is measured. Without it a
+        budget smaller than any step run so far looked as slow as the smallest one, so a bound on
+        tokens/s kept the budget at the large sizes forever and never measured a small step (on
+        SmolLM2: 2 s prefill steps with chat streams waiting through them).
         """
         if not self._points:
             return None
@@ -66,13 +71,22 @@ class StepTimeModel:
             return s0 if t1 == t0 else s0 + (s1 - s0) * (num_tokens - t0) / (t1 - t0)
         if below:
             t0, s0 = below[-1]
-            if fixed_cost_beyond and len(below) > 1:
+            if realistic and len(below) > 1:
                 t1, s1 = below[-2]
                 per_token = (s0 - s1) / (t0 - t1) if t0 > t1 else 0.0
                 if per_token > 0:
                     return s0 + per_token * (num_tokens - t0)
             return s0 * num_tokens / t0
-        return above[0][1]
+        t0, s0 = above[0]
+        if not realistic:
+            return s0
+        proportional = s0 * num_tokens / t0
+        if len(above) > 1:
+            t1, s1 = above[1]
+            per_token = (s1 - s0) / (t1 - t0) if t1 > t0 else 0.0
+            if per_token > 0:
+                return max(proportional, s0 - per_token * (t0 - num_tokens))
+        return proportional
 
     def _points_near(self, wanted: int) -> list[tuple[float, float]]:
         """The measured (tokens, seconds) points, by tokens, of the smallest sequence bucket >= wanted,
@@ -167,16 +181,19 @@ class BudgetController:
     def _fit_unreachable(self, seqs: int) -> int:
         """With no latency work in the step and a target out of reach, shrinking further buys almost no
         latency (a step's fixed cost dominates) and costs most of the throughput: the largest budget
-        within _INFEASIBLE_SLACK of the smallest step's time."""
-        shortest = self._estimate(self.candidates[0], seqs)
+        within _INFEASIBLE_SLACK of the smallest step's time. That time is the realistic estimate: until
+        a small step has run, the safe one says it takes as long as the smallest run so far, and the
+        budget would never come down to measure it."""
+        smallest = self.candidates[0]
+        shortest = self.model.estimate(smallest, min(smallest, seqs), realistic=True)
         if shortest is None:
             return self.current
         return self._fit(shortest * _INFEASIBLE_SLACK, seqs) or self.minimum
 
     def _rate(self, budget: int, seqs: int) -> float | None:
-        """Predicted tokens/s of a step of budget tokens; past the sizes measured, what its fixed cost
-        spread over more tokens would give (so a budget larger than any run yet can be found better)."""
-        seconds = self.model.estimate(budget, min(budget, seqs), fixed_cost_beyond=True)
+        """Predicted tokens/s of a step of budget tokens; outside the sizes measured, the realistic
+        estimate (so a budget larger, or smaller, than any run yet can be found better)."""
+        seconds = self.model.estimate(budget, min(budget, seqs), realistic=True)
         return None if not seconds else budget / seconds
 
     def _efficient(self, seqs: int, share: float) -> int:
