@@ -179,11 +179,11 @@ def _up(args: argparse.Namespace) -> int:
         stack.start()
         print(f"\n{format_process_table(stack.services)}\n{_models_line(stack.config.models)}")
         print(access_lines(stack.gateway_address, stack.http_address, stack.config.api_key))
-        print("\nrunning; Ctrl-C or SIGTERM stops it", flush=True)
-        while not (dead := stack.exited()):
-            time.sleep(0.5)
-        print(f"error: service(s) exited unexpectedly: {dead}; see logs in {stack.config.run_dir}")
-        code = 1
+        print("\nrunning; a service that exits is restarted; Ctrl-C or SIGTERM stops it", flush=True)
+        supervisor = stack.supervisor(say=lambda line: print(line, flush=True))
+        while True:  # until Ctrl-C / SIGTERM; a service given up on is reported and the rest serve on
+            supervisor.tick()
+            time.sleep(0.2)
     except ServiceStartError as err:
         print(f"error: {err}", file=sys.stderr)
         code = 1

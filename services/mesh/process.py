@@ -29,9 +29,11 @@ class ChildProcess:
     def __init__(self, name: str, module: str, env: Mapping[str, str], ready_prefix: str, log_path: Path):
         self.name = name
         self.module = module
+        self.env = dict(env)
         self.ready_prefix = ready_prefix
         self.log_path = log_path
         self.ready: dict[str, str] = {}
+        self._pending = b""  # a partial last line of the log, kept for the next read
         self.started_at = time.monotonic()
         with open(log_path, "ab") as log:  # the child keeps its own descriptor; ours can close
             # A reused log holds earlier runs' READY lines: only what this child writes counts.
@@ -60,24 +62,42 @@ class ChildProcess:
     def wait_ready(self, timeout_s: float) -> dict[str, str]:
         """Block until the READY line appears (timeout_s counted from start); ServiceStartError otherwise."""
         deadline = self.started_at + timeout_s
-        pending = b""
-        while True:
-            pending += self._read_new()
-            *lines, pending = pending.split(b"\n")  # keep a partial last line (and UTF-8 char) for later
-            for raw in lines:
-                line = raw.decode("utf-8", errors="replace")
-                if line.startswith(self.ready_prefix):
-                    self.ready = dict(p.split("=", 1) for p in line.split()[1:] if "=" in p)
-                    return self.ready
-            code = self.poll()
-            if code is not None:
-                raise ServiceStartError(
-                    f"{self.name} exited with code {code} before it was ready\n{self._tail()}"
-                )
+        while not self.check_ready():
             if time.monotonic() > deadline:
                 silent = f"{self.name} printed no {self.ready_prefix} line within {timeout_s:.0f} s"
                 raise ServiceStartError(f"{silent}\n{self._tail()}")
             time.sleep(0.05)  # the log file is polled, bounded by the deadline
+        return self.ready
+
+    def check_ready(self) -> bool:
+        """True once the READY line is out (self.ready then holds it); ServiceStartError if the process
+        exited first. Never blocks: a supervisor calls it while it watches the other services."""
+        if self.ready:
+            return True
+        self._pending += self._read_new()
+        *lines, self._pending = self._pending.split(b"\n")  # a partial line (and UTF-8 char) waits
+        for raw in lines:
+            line = raw.decode("utf-8", errors="replace")
+            if line.startswith(self.ready_prefix):
+                self.ready = dict(p.split("=", 1) for p in line.split()[1:] if "=" in p)
+                return True
+        code = self.poll()
+        if code is not None:
+            raise ServiceStartError(
+                f"{self.name} exited with code {code} before it was ready\n{self._tail()}"
+            )
+        return False
+
+    def respawn(self, keep_ports: Mapping[str, str]) -> ChildProcess:
+        """A new process of this service, same settings and log. keep_ports: env var -> READY key
+        (`address`, `http_address`) whose port the new process binds again, so that the services that
+        were given this one's address (a placer's, a gateway's) find it there."""
+        env = dict(self.env)
+        for var, key in keep_ports.items():
+            bound = self.ready.get(key, "")
+            if var in env and ":" in bound:
+                env[var] = bound.rsplit(":", 1)[1]
+        return ChildProcess(self.name, self.module, env, self.ready_prefix, self.log_path)
 
     def terminate(self) -> None:
         """Ask for a graceful stop (SIGTERM: in-flight work drains); no-op if it already exited."""

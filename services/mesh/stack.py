@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -12,8 +12,16 @@ from types import TracebackType
 from services.common.redis_server import RedisServer
 from services.mesh.models import ModelSet, models_env
 from services.mesh.process import ChildProcess, ServiceStartError
+from services.mesh.supervise import RestartPolicy, Supervisor
 
 ZONE = "z1"
+# The ports a restarted service binds again (env var -> its READY key): the placer's and the gateway's
+# addresses are in the others' settings and the clients', a worker's in the placer's view.
+KEEP_PORTS = {
+    "services.placer": {"HANZO_PLACER_PORT": "address"},
+    "services.worker": {"HANZO_WORKER_PORT": "address"},
+    "services.gateway": {"HANZO_GATEWAY_PORT": "address", "HANZO_GATEWAY_HTTP_PORT": "http_address"},
+}
 
 
 @dataclass(frozen=True)
@@ -152,6 +160,12 @@ class Stack:
         http = gateway.ready.get("http_address", "None")
         self.http_address = "" if http == "None" else http  # None: the gateway runs no HTTP front
         self._add_row(gateway, f"zone {ZONE} rack r1, API key required, OpenAI HTTP on {self.http_address}")
+
+    def supervisor(
+        self, policy: RestartPolicy | None = None, say: Callable[[str], None] = print
+    ) -> Supervisor:
+        """A Supervisor restarting this stack's services (call after start(); see supervise.py)."""
+        return Supervisor(self._tiers, KEEP_PORTS, policy, say, self.config.ready_timeout_s)
 
     def exited(self) -> list[tuple[str, int]]:
         """(name, exit code) of every child that has exited; empty while all run."""

@@ -1,0 +1,108 @@
+"""The local stack's supervision (services/mesh/supervise.py) on real processes: a killed placer comes back
+on its own port and serves, a service that keeps crashing is given up on and said so, and `hanzo-mesh
+serve` keeps answering through a SIGKILLed worker that it restarts."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from services.common.redis_server import RedisServer
+from services.mesh.process import ChildProcess
+from services.mesh.stack import KEEP_PORTS
+from services.mesh.supervise import RestartPolicy, Supervisor
+from tests.mesh.test_serve import served
+
+FAST = RestartPolicy(first_delay_s=0.05, max_delay_s=0.2, max_restarts=3, window_s=60.0)
+
+
+def supervise_until(supervisor: Supervisor, done: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
+        supervisor.tick()
+        time.sleep(0.05)  # the supervisor's own polling period, bounded by the deadline
+
+
+@pytest.mark.parametrize(
+    ("attempt", "delay"), [(1, 0.5), (2, 1.0), (3, 2.0), (6, 16.0), (7, 30.0), (20, 30.0)]
+)
+def test_backoff_starts_under_a_second_and_doubles_to_its_cap(attempt: int, delay: float) -> None:
+    assert RestartPolicy().delay_s(attempt) == delay
+
+
+def serving(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=5)
+    return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+def test_a_killed_placer_is_restarted_on_its_own_port(tmp_path: Path, redis_server: RedisServer) -> None:
+    env = {
+        "HANZO_PLACER_PORT": "0",
+        "HANZO_PLACER_METRICS_PORT": "0",
+        "HANZO_PLACER_REDIS_URL": redis_server.url,
+    }
+    tiers = [[ChildProcess("placer", "services.placer", env, "PLACER_READY", tmp_path / "placer.log")]]
+    said: list[str] = []
+    supervisor = Supervisor(tiers, KEEP_PORTS, FAST, said.append)
+    try:
+        first = tiers[0][0]
+        address = first.wait_ready(60)["address"]
+        first.kill()
+        supervise_until(supervisor, lambda: tiers[0][0] is not first and bool(tiers[0][0].ready), 60, "back")
+        again = tiers[0][0]
+        assert again.ready["address"] == address and again.pid != first.pid
+        assert serving(address)
+        assert supervisor.restarts == {"placer": 1} and not supervisor.given_up
+        assert any("placer exited with -9; restarting" in line for line in said), said
+        assert any(line.startswith("placer is back") for line in said), said
+    finally:
+        for child in tiers[0]:
+            child.stop(15)
+
+
+def test_a_service_that_keeps_crashing_is_given_up_and_reported(tmp_path: Path) -> None:
+    ghost = ChildProcess("ghost", "services.mesh.no_such_module", {}, "GHOST_READY", tmp_path / "g.log")
+    said: list[str] = []
+    supervisor = Supervisor([[ghost]], KEEP_PORTS, FAST, said.append)
+    supervise_until(supervisor, lambda: bool(supervisor.given_up), 60, "given up")
+    assert supervisor.given_up == ["ghost"] and supervisor.restarts == {"ghost": FAST.max_restarts}
+    assert re.search(r"ghost exited with 1 after 3 restarts .*not restarting it", said[-1]), said
+
+
+def test_serve_answers_again_after_its_worker_is_killed(tmp_path: Path, llama_gqa_dir: Path) -> None:
+    openai = pytest.importorskip("openai")
+    argv = [str(llama_gqa_dir), "--name", "tiny", "--port", "0", "--http-port", "0", "--max-model-len", "512"]
+    with served(tmp_path, *argv) as lines:
+        out = (tmp_path / "serve.out").read_text()
+        worker_pid = int(re.search(r"^worker-1\s+(\d+)", out, re.M).group(1))  # type: ignore[union-attr]
+        client = openai.OpenAI(base_url=lines["openai"], api_key=lines["api key"], max_retries=0, timeout=60)
+
+        def answer() -> int:
+            reply = client.completions.create(model="tiny", prompt="The quick brown fox", max_tokens=4)
+            return reply.usage.completion_tokens
+
+        assert answer() >= 1
+        os.kill(worker_pid, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while "worker-1 is back" not in (tmp_path / "serve.out").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "serve.out").read_text()[-3000:]
+            time.sleep(0.2)  # reading the CLI's output: it gives no other signal
+        # Back and registered again: the placer offers it once its heartbeat lands (within seconds).
+        while True:
+            try:
+                assert answer() >= 1
+                break
+            except (openai.APIStatusError, openai.APIConnectionError):
+                assert time.monotonic() < deadline, "the restarted worker never took traffic"
+                time.sleep(0.2)
