@@ -12,7 +12,8 @@ from types import TracebackType
 from services.common.redis_server import RedisServer
 from services.mesh.models import ModelSet, models_env
 from services.mesh.process import ChildProcess, ServiceStartError
-from services.mesh.supervise import RestartPolicy, Supervisor
+from services.mesh.redis_service import SupervisedRedis
+from services.mesh.supervise import RestartPolicy, Supervised, Supervisor
 
 ZONE = "z1"
 # The ports a restarted service binds again (env var -> its READY key): the placer's and the gateway's
@@ -164,8 +165,11 @@ class Stack:
     def supervisor(
         self, policy: RestartPolicy | None = None, say: Callable[[str], None] = print
     ) -> Supervisor:
-        """A Supervisor restarting this stack's services (call after start(); see supervise.py)."""
-        return Supervisor(self._tiers, KEEP_PORTS, policy, say, self.config.ready_timeout_s)
+        """A Supervisor restarting this stack's services, its private Redis among them (call after
+        start(); see supervise.py)."""
+        redis = [[SupervisedRedis(self._redis, self.config.run_dir)]] if self._redis is not None else []
+        tiers: list[list[Supervised]] = [*redis, *self._tiers]  # the stack's own lists: restarts land in them
+        return Supervisor(tiers, KEEP_PORTS, policy, say, self.config.ready_timeout_s)
 
     def exited(self) -> list[tuple[str, int]]:
         """(name, exit code) of every child that has exited; empty while all run."""

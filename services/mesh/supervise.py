@@ -13,8 +13,32 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
 
-from services.mesh.process import ChildProcess, ServiceStartError
+from services.mesh.process import ServiceStartError
+
+
+class Supervised(Protocol):
+    """What a supervised service offers: a ChildProcess, or the stack's Redis (redis_service.py)."""
+
+    name: str
+    module: str
+    ready_prefix: str
+    log_path: Path
+    started_at: float
+    ready: dict[str, str]
+
+    @property
+    def pid(self) -> int: ...
+
+    def poll(self) -> int | None: ...
+
+    def check_ready(self) -> bool: ...
+
+    def respawn(self, keep_ports: Mapping[str, str]) -> Supervised: ...
+
+    def kill(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -48,7 +72,7 @@ class Supervisor:
 
     def __init__(
         self,
-        tiers: list[list[ChildProcess]],
+        tiers: list[list[Supervised]],
         keep_ports: Mapping[str, Mapping[str, str]],
         policy: RestartPolicy | None = None,
         say: Callable[[str], None] = print,
@@ -63,7 +87,7 @@ class Supervisor:
         self.policy = policy or RestartPolicy()
         self.say = say
         self.records: dict[str, _Record] = {}
-        self._starting: dict[str, ChildProcess] = {}  # restarted, not yet ready
+        self._starting: dict[str, Supervised] = {}  # restarted, not yet ready
 
     @property
     def restarts(self) -> dict[str, int]:
@@ -80,7 +104,7 @@ class Supervisor:
             for index, child in enumerate(tier):
                 self._watch(tier, index, child, now)
 
-    def _watch(self, tier: list[ChildProcess], index: int, child: ChildProcess, now: float) -> None:
+    def _watch(self, tier: list[Supervised], index: int, child: Supervised, now: float) -> None:
         record = self.records.setdefault(child.name, _Record())
         if record.given_up:
             return
@@ -97,7 +121,7 @@ class Supervisor:
         elif now >= record.due:
             self._restart(tier, index, child, record, now)
 
-    def _schedule(self, child: ChildProcess, record: _Record, code: int, now: float) -> None:
+    def _schedule(self, child: Supervised, record: _Record, code: int, now: float) -> None:
         p = self.policy
         record.exit_code = code
         recent = [t for t in record.restarts if now - t < p.window_s]
@@ -113,7 +137,7 @@ class Supervisor:
         self.say(f"{child.name} exited with {code}; restarting in {p.delay_s(record.attempt):.1f} s")
 
     def _restart(
-        self, tier: list[ChildProcess], index: int, child: ChildProcess, record: _Record, now: float
+        self, tier: list[Supervised], index: int, child: Supervised, record: _Record, now: float
     ) -> None:
         fresh = child.respawn(self.keep_ports.get(child.module, {}))
         tier[index] = fresh
@@ -121,7 +145,7 @@ class Supervisor:
         record.restarts.append(now)
         self._starting[fresh.name] = fresh
 
-    def _check_started(self, child: ChildProcess, record: _Record, now: float) -> None:
+    def _check_started(self, child: Supervised, record: _Record, now: float) -> None:
         try:
             ready = child.check_ready()
         except ServiceStartError:

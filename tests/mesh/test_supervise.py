@@ -106,3 +106,32 @@ def test_serve_answers_again_after_its_worker_is_killed(tmp_path: Path, llama_gq
             except (openai.APIStatusError, openai.APIConnectionError):
                 assert time.monotonic() < deadline, "the restarted worker never took traffic"
                 time.sleep(0.2)
+
+
+def test_serve_rebuilds_its_view_after_redis_is_killed(tmp_path: Path, llama_gqa_dir: Path) -> None:
+    """Redis SIGKILLed: picks go on from the last snapshot while it is gone; restarted empty on its
+    port, the placer and the worker's heartbeats write the cluster state again within seconds."""
+    openai = pytest.importorskip("openai")
+    import redis
+
+    argv = [str(llama_gqa_dir), "--name", "tiny", "--port", "0", "--http-port", "0", "--max-model-len", "512"]
+    with served(tmp_path, *argv) as lines:
+        out = (tmp_path / "serve.out").read_text()
+        row = re.search(r"^redis\s+(\d+)\s+127\.0\.0\.1:(\d+)", out, re.M)
+        assert row is not None, out
+        redis_pid, redis_port = int(row.group(1)), int(row.group(2))
+        store = redis.Redis(port=redis_port)
+        assert store.dbsize() > 0  # the cluster state the placer wrote
+        client = openai.OpenAI(base_url=lines["openai"], api_key=lines["api key"], max_retries=0, timeout=60)
+        os.kill(redis_pid, signal.SIGKILL)
+        reply = client.completions.create(model="tiny", prompt="Hello there", max_tokens=3)
+        assert reply.usage.completion_tokens >= 1  # served from the gateway's last snapshot
+        deadline = time.monotonic() + 60
+        while "redis is back" not in (tmp_path / "serve.out").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "serve.out").read_text()[-3000:]
+            time.sleep(0.2)  # reading the CLI's output: it gives no other signal
+        while store.dbsize() == 0:
+            assert time.monotonic() < deadline, "nothing wrote the cluster state again"
+            time.sleep(0.2)  # polling Redis for the state the services write on their own
+        reply = client.completions.create(model="tiny", prompt="Hello again", max_tokens=3)
+        assert reply.usage.completion_tokens >= 1
