@@ -46,7 +46,9 @@ class GatewayApp:
                 {},
                 PlacerMetrics(self.metrics.registry),
             )
-        self.upstream = Upstream(settings.placer_address, self.tracer_provider, topology, self.replica)
+        self.upstream = Upstream(
+            settings.placer_address, self.tracer_provider, topology, self.replica, settings.internal_token
+        )
         if not settings.api_keys:
             log.warning("no API keys configured (HANZO_GATEWAY_API_KEYS): the gateway is OPEN to any caller")
         self.server = new_server()

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from services.common.env import env_float, env_int, env_optional_int, env_str
+from services.common.internal_auth import token_from_env
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,7 @@ class GatewaySettings:
     http_port: int | None = 8000  # vLLM's default port, so OpenAI clients configured for it just work
     http_timeout_s: float = 600.0
     http_max_body_bytes: int = 8 * 1024 * 1024
+    internal_token: str | None = field(default=None, repr=False)  # HANZO_INTERNAL_TOKEN (internal_auth.py)
 
     def __post_init__(self) -> None:
         if self.placement not in ("remote", "embedded"):
@@ -70,6 +72,7 @@ class GatewaySettings:
             http_port=_http_port(environ, p + "HTTP_PORT"),
             http_timeout_s=env_float(environ, p + "HTTP_TIMEOUT_S", cls.http_timeout_s, 0.001),
             http_max_body_bytes=env_int(environ, p + "HTTP_MAX_BODY_BYTES", cls.http_max_body_bytes, 1),
+            internal_token=token_from_env(environ),
         )
 
 

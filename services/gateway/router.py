@@ -166,7 +166,7 @@ class Router:
             if pick is None:
                 break
             try:
-                with client_call_span(self.tracer, _WORKER_EMBED) as (span, metadata):
+                with client_call_span(self.tracer, _WORKER_EMBED, self.upstream.internal) as (span, metadata):
                     try:
                         reply = await self.upstream.worker(pick.address).Embed(
                             request, timeout=_timeout(deadline), metadata=metadata

@@ -13,6 +13,7 @@ from opentelemetry.trace import TracerProvider
 
 from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc, worker_pb2_grpc
 from services.common.errors import NotFound, ServiceError, Unavailable
+from services.common.internal_auth import call_metadata
 from services.common.tracing import client_interceptors, local_span
 from services.common.workload import WorkloadClass
 from services.gateway.worker_link import WorkerLink
@@ -56,8 +57,10 @@ class Upstream:
         tracer_provider: TracerProvider,
         topology: common_pb2.Topology,
         local: PlacerReplica | None = None,
+        internal_token: str | None = None,
     ) -> None:
         self.local = local
+        self.internal = call_metadata(internal_token)  # on every call to a worker or the placer
         self._tracer = tracer_provider.get_tracer("hanzo.gateway")
         self._interceptors = client_interceptors(tracer_provider)
         self._placer_channel = grpc.aio.insecure_channel(placer_address, interceptors=self._interceptors)
@@ -80,7 +83,8 @@ class Upstream:
             # keeping grpc.aio's interceptor machinery off the streaming hot path.
             channel = grpc.aio.insecure_channel(address)
             stub = worker_pb2_grpc.WorkerStub(channel)
-            worker = self._workers[address] = _Worker(channel, stub, WorkerLink(stub, address))
+            link = WorkerLink(stub, address, self.internal)
+            worker = self._workers[address] = _Worker(channel, stub, link)
         return worker
 
     async def pick(
@@ -119,7 +123,7 @@ class Upstream:
             prompt_tokens=prompt_tokens,
         )
         try:
-            reply = await self.placer.Pick(request, timeout=timeout_s)
+            reply = await self.placer.Pick(request, timeout=timeout_s, metadata=self.internal)
         except grpc.aio.AioRpcError as error:
             if error.code() == grpc.StatusCode.NOT_FOUND:
                 raise NotFound(error.details()) from None
@@ -132,7 +136,9 @@ class Upstream:
         if self.local is not None:
             return self.local.list_nodes([])
         try:
-            return await self.placer.ListNodes(placer_pb2.ListNodesRequest(), timeout=timeout_s)
+            return await self.placer.ListNodes(
+                placer_pb2.ListNodesRequest(), timeout=timeout_s, metadata=self.internal
+            )
         except grpc.aio.AioRpcError as error:
             raise Unavailable(f"placer unreachable: {error.details()}") from None
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import grpc
 
 from hanzo.inference.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
+from services.common.internal_auth import Metadata
 
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
@@ -68,9 +69,9 @@ class _LinkCall:
     write cancelled midway cancels the whole call, so a caller that goes away while its start is being
     written must never be the one writing it."""
 
-    def __init__(self, stub: worker_pb2_grpc.WorkerStub, address: str) -> None:
+    def __init__(self, stub: worker_pb2_grpc.WorkerStub, address: str, metadata: Metadata = ()) -> None:
         self.address = address
-        self.call = stub.GenerateStreams()
+        self.call = stub.GenerateStreams(metadata=metadata)
         self.streams: dict[int, LinkStream] = {}
         self.broken = False
         self._ids = itertools.count(1)
@@ -141,9 +142,11 @@ class _LinkCall:
 class WorkerLink:
     """Generate streams to one worker over one GenerateStreams call, replaced when it breaks."""
 
-    def __init__(self, stub: worker_pb2_grpc.WorkerStub, address: str) -> None:
+    def __init__(self, stub: worker_pb2_grpc.WorkerStub, address: str, metadata: Metadata = ()) -> None:
+        """metadata: sent when a GenerateStreams call opens (the internal token)."""
         self._stub = stub
         self._address = address
+        self._metadata = metadata
         self._call: _LinkCall | None = None
 
     def start(
@@ -155,7 +158,7 @@ class WorkerLink:
         """A new stream for request, sent without waiting; a link that cannot carry it ends the stream
         with UNAVAILABLE (grpc.aio.AioRpcError) when iterated."""
         if self._call is None or self._call.broken:
-            self._call = _LinkCall(self._stub, self._address)
+            self._call = _LinkCall(self._stub, self._address, self._metadata)
         return self._call.start(request, timeout_s, trace_context)
 
     async def close(self) -> None:

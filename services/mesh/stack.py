@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 
+from services.common.internal_auth import ENV as INTERNAL_TOKEN_ENV
 from services.common.redis_server import RedisServer
 from services.mesh.models import ModelSet, models_env
 from services.mesh.process import ChildProcess, ServiceStartError
@@ -81,6 +83,8 @@ class Stack:
     _tiers: list[list[ChildProcess]] = field(default_factory=list)  # start order; stopped reversed
     _redis: RedisServer | None = None
     _details: dict[str, str] = field(default_factory=dict)  # worker name -> topology and models
+    # This run's internal credential (services/common/internal_auth.py), made fresh for each stack.
+    _internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
 
     def __enter__(self) -> Stack:
         self.start()
@@ -213,7 +217,9 @@ class Stack:
 
     def _child(self, name: str, module: str, ready_prefix: str, **env: str | int) -> ChildProcess:
         log_path = self.config.run_dir / f"{name}.log"
-        return ChildProcess(name, module, {k: str(v) for k, v in env.items()}, ready_prefix, log_path)
+        env_text = {k: str(v) for k, v in env.items()}
+        env_text[INTERNAL_TOKEN_ENV] = self._internal_token  # every service: internal RPCs need it
+        return ChildProcess(name, module, env_text, ready_prefix, log_path)
 
     def _start_tier(self, children: list[ChildProcess]) -> list[ChildProcess]:
         # Registered before waiting, so a failure while waiting still stops the whole tier.

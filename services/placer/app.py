@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
+from services.common.internal_auth import server_check
 from services.common.served import serve_instrumented
 from services.common.tasks import cancel_and_wait
 from services.common.tracing import make_tracer_provider, shutdown_tracing
@@ -49,7 +50,8 @@ class PlacerApp:
         self.store, self.view, self.demand = self.replica.store, self.replica.view, self.replica.demand
         self.servicer = PlacerServicer(settings, self.replica)
         self.server = new_server()
-        serve_instrumented(self.servicer, SERVICE, self.tracer_provider.get_tracer("hanzo.placer"))
+        check = server_check(settings.internal_token, "placer")
+        serve_instrumented(self.servicer, SERVICE, self.tracer_provider.get_tracer("hanzo.placer"), check)
         placer_pb2_grpc.add_PlacerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.address = bind(self.server, settings.host, settings.port)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.env import env_float, env_int, env_optional_int, env_str
+from services.common.internal_auth import token_from_env
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,7 @@ class PlacerSettings:
     planner_interval_s: float = 5.0
     replica_capacity_rps: float = 20.0
     class_weights: dict[str, dict[str, float]] = field(default_factory=dict)
+    internal_token: str | None = field(default=None, repr=False)  # HANZO_INTERNAL_TOKEN (internal_auth.py)
 
     @property
     def node_ttl_s(self) -> float:
@@ -57,4 +59,5 @@ class PlacerSettings:
                 environ, p + "REPLICA_CAPACITY_RPS", cls.replica_capacity_rps, 0.001
             ),
             class_weights=weights,
+            internal_token=token_from_env(environ),
         )

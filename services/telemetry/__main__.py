@@ -20,14 +20,22 @@ logger = logging.getLogger("services.telemetry")
 
 async def serve(settings: TelemetrySettings) -> None:
     """Run the agent until SIGINT or SIGTERM, then close the stream, the probe and the source."""
-    probe = PlacerLoadProbe(settings.node_id, settings.placer_address, settings.probe)
+    probe = PlacerLoadProbe(
+        settings.node_id, settings.placer_address, settings.probe, settings.internal_token
+    )
     # NVML initialisation blocks; keep it off the loop like every other NVML call.
     try:
         source = await asyncio.to_thread(open_source, settings, probe.utilization)
     except BaseException:
         await probe.close()
         raise
-    streamer = TelemetryStreamer(source, settings.node_id, settings.placer_address, settings.stream)
+    streamer = TelemetryStreamer(
+        source,
+        settings.node_id,
+        settings.placer_address,
+        settings.stream,
+        internal_token=settings.internal_token,
+    )
 
     def stop() -> None:
         logger.info("stopping telemetry agent")

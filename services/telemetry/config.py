@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
+from services.common.internal_auth import token_from_env
+
 ENV_PREFIX = "HANZO_TELEMETRY_"
 
 
@@ -137,6 +139,7 @@ class TelemetrySettings:
     stream: StreamSettings = field(default_factory=StreamSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     sim: SimulatedGpuSettings = field(default_factory=SimulatedGpuSettings)
+    internal_token: str | None = field(default=None, repr=False)  # HANZO_INTERNAL_TOKEN (internal_auth.py)
 
     def __post_init__(self) -> None:
         _check(bool(self.node_id), "node_id", "must not be empty")
@@ -162,6 +165,7 @@ class TelemetrySettings:
         top["stream"] = _slice(StreamSettings, environ, ENV_PREFIX)
         top["probe"] = _slice(ProbeSettings, environ, ENV_PREFIX + "PROBE_")
         top["sim"] = _slice(SimulatedGpuSettings, environ, ENV_PREFIX + "SIM_")
+        top["internal_token"] = token_from_env(environ)
         return _build(cls, top, ENV_PREFIX)
 
 

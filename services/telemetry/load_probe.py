@@ -9,6 +9,7 @@ import logging
 import grpc
 
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
+from services.common.internal_auth import call_metadata
 from services.telemetry.config import ProbeSettings
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,10 @@ class PlacerLoadProbe:
     work). When the placer is unreachable the last value is kept: the worker is probably still busy.
     """
 
-    def __init__(self, node_id: str, placer_address: str, settings: ProbeSettings) -> None:
+    def __init__(
+        self, node_id: str, placer_address: str, settings: ProbeSettings, internal_token: str | None = None
+    ) -> None:
+        self._metadata = call_metadata(internal_token)
         self._node_id = node_id
         self._settings = settings
         # gRPC's own reconnect backoff grows to 120 s; capped at one interval, the probe sees a restarted
@@ -55,7 +59,9 @@ class PlacerLoadProbe:
         """Ask the placer once and update the cached value; a failed call keeps the old one."""
         request = placer_pb2.ListNodesRequest(node_ids=[self._node_id])
         try:
-            reply = await self._stub.ListNodes(request, timeout=self._settings.timeout_s)
+            reply = await self._stub.ListNodes(
+                request, timeout=self._settings.timeout_s, metadata=self._metadata
+            )
         except grpc.aio.AioRpcError as err:
             logger.debug(
                 "ListNodes for %s failed (%s); keeping load %.2f", self._node_id, err.code(), self._value

@@ -10,6 +10,7 @@ import random
 import grpc
 
 from hanzo.inference.v1 import placer_pb2_grpc, telemetry_pb2
+from services.common.internal_auth import call_metadata
 from services.telemetry.config import StreamSettings
 from services.telemetry.sample import GpuReading
 from services.telemetry.sources import GpuSource
@@ -43,7 +44,9 @@ class TelemetryStreamer:
         settings: StreamSettings,
         *,
         rng: random.Random | None = None,
+        internal_token: str | None = None,
     ) -> None:
+        self._metadata = call_metadata(internal_token)
         self._source = source
         self._node_id = node_id
         self._address = placer_address
@@ -75,7 +78,7 @@ class TelemetryStreamer:
         """One channel and call, until it fails or stop(). True when at least one report went out."""
         delivered = False
         channel = grpc.aio.insecure_channel(self._address)
-        call = placer_pb2_grpc.PlacerStub(channel).StreamTelemetry()
+        call = placer_pb2_grpc.PlacerStub(channel).StreamTelemetry(metadata=self._metadata)
         loop = asyncio.get_running_loop()
         try:
             next_tick = loop.time()

@@ -46,12 +46,22 @@ async def running_mesh(
     workers: int = 2,
     placement: str = "remote",
     gateway_overrides: dict[str, object] | None = None,
+    internal_token: str | None = None,
     **worker_overrides: object,
 ) -> AsyncIterator[Mesh]:
-    """gateway_overrides: GatewaySettings fields over the defaults here (the HTTP front on a free port)."""
+    """gateway_overrides: GatewaySettings fields over the defaults here (the HTTP front on a free port).
+    internal_token: every service's internal credential (None: internal RPCs open)."""
     spans = InMemorySpanExporter()
+    worker_overrides.setdefault("internal_token", internal_token)
+    gateway_overrides = {"internal_token": internal_token, **(gateway_overrides or {})}
     placer = PlacerApp(
-        PlacerSettings(redis_url=redis_url, port=0, heartbeat_interval_s=0.3, resync_interval_s=0.5),
+        PlacerSettings(
+            redis_url=redis_url,
+            port=0,
+            heartbeat_interval_s=0.3,
+            resync_interval_s=0.5,
+            internal_token=internal_token,
+        ),
         make_tracer_provider("hanzo-placer", spans),
     )
     await placer.start()

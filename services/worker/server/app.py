@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 from hanzo.inference.v1 import placer_pb2, worker_pb2, worker_pb2_grpc
 from services.common.errors import ResourceExhausted
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
+from services.common.internal_auth import call_metadata, server_check
 from services.common.served import serve_instrumented
 from services.common.tasks import cancel_and_wait
 from services.common.tracing import make_tracer_provider, shutdown_tracing
@@ -42,8 +43,9 @@ class WorkerApp:
         self.node_id = settings.node_id or f"{settings.hostname}-{self.address.rsplit(':', 1)[1]}"
         self.advertise_address = settings.advertise_address or self.address
         tracer = self.tracer_provider.get_tracer("hanzo.worker")
-        self.servicer = WorkerServicer(self.node_id, self.host, self.metrics, tracer)
-        serve_instrumented(self.servicer, SERVICE, tracer, unwrapped=frozenset({"GenerateStreams"}))
+        check = server_check(settings.internal_token, "worker")
+        self.servicer = WorkerServicer(self.node_id, self.host, self.metrics, tracer, check)
+        serve_instrumented(self.servicer, SERVICE, tracer, check, unwrapped=frozenset({"GenerateStreams"}))
         worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.metrics_port: int | None = None
@@ -74,7 +76,11 @@ class WorkerApp:
             self.metrics_port = http_server.server_port
         self._placer_channel = grpc.aio.insecure_channel(self.settings.placer_address)
         self.heartbeat = Heartbeat(
-            self._placer_channel, self._report, self.settings.heartbeat_interval_s, self.host
+            self._placer_channel,
+            self._report,
+            self.settings.heartbeat_interval_s,
+            self.host,
+            call_metadata(self.settings.internal_token),
         )
         self._tasks = [
             asyncio.create_task(self.heartbeat.run(), name="heartbeat"),
@@ -91,7 +97,10 @@ class WorkerApp:
         await set_serving(self.health, ["", SERVICE_NAME], False)
         if self.heartbeat is not None:
             with contextlib.suppress(grpc.aio.AioRpcError, TimeoutError):
-                await asyncio.wait_for(self.heartbeat.stub.Heartbeat(self._report(), timeout=1.0), 1.5)
+                goodbye = self.heartbeat.stub.Heartbeat(
+                    self._report(), timeout=1.0, metadata=self.heartbeat.metadata
+                )
+                await asyncio.wait_for(goodbye, 1.5)
         await self.server.stop(self.settings.drain_timeout_s)
         await cancel_and_wait(self._tasks)
         self._tasks = []  # a cancelled task's traceback holds its frame, and so this app

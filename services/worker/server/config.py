@@ -21,6 +21,7 @@ from services.common.env import (
     env_optional_int,
     env_str,
 )
+from services.common.internal_auth import token_from_env
 from services.common.workload import WorkloadClass
 from services.worker.engine.policy.classes import (
     DEFAULT_CLASS_POLICIES,
@@ -169,6 +170,7 @@ class WorkerSettings:
     evict_busy: bool = False
     kv_rebalance_interval_s: float = 1.0
     kv_donor_min_blocks: int = 16
+    internal_token: str | None = field(default=None, repr=False)  # HANZO_INTERNAL_TOKEN (internal_auth.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -242,6 +244,7 @@ class WorkerSettings:
                 environ, p + "KV_REBALANCE_INTERVAL_S", cls.kv_rebalance_interval_s, 0.0
             ),
             kv_donor_min_blocks=env_int(environ, p + "KV_DONOR_MIN_BLOCKS", cls.kv_donor_min_blocks, 1),
+            internal_token=token_from_env(environ),
         )
 
 

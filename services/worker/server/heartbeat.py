@@ -12,6 +12,7 @@ import grpc
 import torch
 
 from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc
+from services.common.internal_auth import Metadata
 from services.worker.server.config import WorkerSettings
 from services.worker.server.host import GENERATE, ModelHost
 
@@ -85,8 +86,11 @@ class Heartbeat:
         build_report: Callable[[], placer_pb2.NodeReport],
         interval_s: float,
         host: ModelHost,
+        metadata: Metadata = (),
     ) -> None:
+        """metadata: sent with every heartbeat (the internal token)."""
         self.stub = placer_pb2_grpc.PlacerStub(channel)
+        self.metadata = metadata
         self.build_report = build_report
         self.interval_s = interval_s
         self.host = host
@@ -101,7 +105,9 @@ class Heartbeat:
         failures = 0
         while True:
             try:
-                reply = await self.stub.Heartbeat(self.build_report(), timeout=max(1.0, self.interval_s))
+                reply = await self.stub.Heartbeat(
+                    self.build_report(), timeout=max(1.0, self.interval_s), metadata=self.metadata
+                )
                 self.beats += 1
                 if failures:
                     log.info("placer reachable again after %d failed heartbeats", failures)

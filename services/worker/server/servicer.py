@@ -10,7 +10,8 @@ import grpc
 from opentelemetry import trace
 
 from hanzo.inference.v1 import inference_pb2, placer_pb2, worker_pb2, worker_pb2_grpc
-from services.common.errors import ResourceExhausted
+from services.common.errors import ResourceExhausted, Unauthenticated
+from services.common.served import Authenticate
 from services.common.tracing import record_span
 from services.common.workload import WorkloadClass
 from services.worker.engine.errors import AdmissionError
@@ -24,7 +25,17 @@ from services.worker.server.streams import StreamSession
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
-    def __init__(self, node_id: str, host: ModelHost, metrics: WorkerMetrics, tracer: trace.Tracer) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        host: ModelHost,
+        metrics: WorkerMetrics,
+        tracer: trace.Tracer,
+        authenticate: Authenticate | None = None,
+    ) -> None:
+        """authenticate: the internal-token check; GenerateStreams applies it itself (serve_instrumented
+        leaves that multiplexing method unwrapped)."""
+        self.authenticate = authenticate
         self.node_id = node_id
         self.host = host
         self.metrics = metrics
@@ -41,6 +52,11 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def GenerateStreams(
         self, requests: AsyncIterator[worker_pb2.StreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.StreamEvents]:
+        if self.authenticate is not None:
+            try:
+                self.authenticate(dict(context.invocation_metadata() or ()))
+            except Unauthenticated as refused:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refused))
         session = StreamSession(self, self.tracer)
         self.sessions.add(session)  # it leaves the set when its call ends
         async for events in session.run(requests):
