@@ -29,27 +29,29 @@ class Arena:
     def for_device(
         cls, device: torch.device | str, fraction: float | None = None, byte_budget: int | None = None
     ) -> Arena:
-        """An arena on device sized by exactly one of: fraction in (0, 1] of the device's free memory now
-        (CUDA only), or byte_budget bytes (> 0; the only way on CPU). ArenaConfigError otherwise, or if
-        the budget exceeds the CUDA device's free memory."""
+        """An arena on device sized by exactly one of: fraction in (0, 1] of the device's total memory
+        (CUDA only; see cuda_arena_bytes), or byte_budget bytes (> 0; the only way on CPU).
+        ArenaConfigError otherwise, or if the size exceeds the CUDA device's free memory."""
         device = torch.device(device)
         if fraction is not None and byte_budget is not None:
             raise ArenaConfigError(
-                f"give the arena a fraction of free memory or a byte budget, not both "
+                f"give the arena a fraction of the device's memory or a byte budget, not both "
                 f"(got fraction={fraction}, byte_budget={byte_budget})"
             )
         if fraction is not None and not 0.0 < fraction <= 1.0:
-            raise ArenaConfigError(f"the arena's fraction of free memory must be in (0, 1], got {fraction}")
+            raise ArenaConfigError(
+                f"the arena's fraction of the device's memory must be in (0, 1], got {fraction}"
+            )
         if byte_budget is not None and byte_budget < 1:
             raise ArenaConfigError(f"the arena's byte budget must be positive, got {byte_budget}")
         if device.type != "cuda":
             if byte_budget is None:
                 raise ArenaConfigError(
-                    f"an arena on {device} needs a byte budget (a fraction of free memory is only "
+                    f"an arena on {device} needs a byte budget (a fraction of the device's memory is only "
                     "measured on CUDA)"
                 )
             return cls(byte_budget, device)
-        free, _total = torch.cuda.mem_get_info(device)
+        free, total = torch.cuda.mem_get_info(device)
         if byte_budget is not None:
             if byte_budget > free:
                 raise ArenaConfigError(
@@ -58,11 +60,8 @@ class Arena:
                 )
             return cls(byte_budget, device)
         if fraction is None:
-            raise ArenaConfigError(f"an arena on {device} needs a fraction of free memory or a byte budget")
-        nbytes = int(free * fraction)
-        if nbytes < 1:
-            raise ArenaConfigError(f"{fraction} of the {format_bytes(free)} free on {device} is no memory")
-        return cls(nbytes, device)
+            raise ArenaConfigError(f"an arena on {device} needs a fraction of its memory or a byte budget")
+        return cls(cuda_arena_bytes(fraction, free, total, str(device)), device)
 
     @property
     def total_bytes(self) -> int:
@@ -102,3 +101,19 @@ class Arena:
             )
         raw = self._buffer[byte_range.offset : byte_range.end]
         return raw.view(dtype).view(shape)
+
+
+def cuda_arena_bytes(fraction: float, free: int, total: int, device: str = "cuda") -> int:
+    """fraction of the device's total memory (not of what is free when this worker starts: two workers
+    sharing a GPU with 0.45 each then get the same size in either start order, where shares of free
+    memory raced); ArenaConfigError when that is more than is free now, naming who must give way."""
+    nbytes = int(total * fraction)
+    if nbytes < 1:
+        raise ArenaConfigError(f"{fraction} of the {format_bytes(total)} of {device} is no memory")
+    if nbytes > free:
+        raise ArenaConfigError(
+            f"the arena's share {fraction} of {device} is {format_bytes(nbytes)}, but only "
+            f"{format_bytes(free)} of its {format_bytes(total)} are free: another process holds the rest "
+            "(lower HANZO_WORKER_ARENA_FRACTION so the workers sharing this GPU add up to at most 1)"
+        )
+    return nbytes

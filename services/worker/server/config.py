@@ -129,10 +129,10 @@ class WorkerSettings:
     class_policies sets each class's own limit, queue timeout and SLOs). scheduling_policy, class_policies,
     latency_reserve and itl_min_efficiency make every engine's PolicyConfig (policy_config()).
     The arena (every model's weights and KV pool, reserved at start): arena_bytes, or on CUDA
-    arena_fraction of the free memory; both None picks the device's default, arena_bytes=0 runs without
-    an arena. keep_host_copies: an evicted model's weights stay in host memory (pinned on CUDA) for a
-    fast reload, up to host_copy_bytes in all (None: no limit). evict_busy: a load that needs room may
-    evict models with requests in flight (aborting them); by default only idle ones. Every
+    arena_fraction of the device's total memory; both None picks the device's default, arena_bytes=0
+    runs without an arena. keep_host_copies: an evicted model's weights stay in host memory (pinned on
+    CUDA) for a fast reload, up to host_copy_bytes in all (None: no limit). evict_busy: a load that
+    needs room may evict models with requests in flight (aborting them); by default only idle ones. Every
     kv_rebalance_interval_s (0: never) a decoder short of KV blocks takes them from idle ones, each
     donor keeping kv_donor_min_blocks.
     """
@@ -184,7 +184,7 @@ class WorkerSettings:
             raise ValueError(f"HANZO_WORKER_ARENA_FRACTION={self.arena_fraction} must be in (0, 1]")
 
     def arena_size(self) -> tuple[float | None, int | None]:
-        """(fraction of free GPU memory, byte budget) for Arena.for_device, exactly one of them set;
+        """(fraction of the GPU's total memory, byte budget) for Arena.for_device, exactly one of them set;
         (None, None) when the worker runs without an arena."""
         if self.arena_bytes == 0:
             return None, None

@@ -225,7 +225,7 @@ class ModelHost:
 
 
 def _reserve_arena(settings: WorkerSettings) -> MemoryManager | None:
-    """The worker's one arena: settings.arena_fraction of the GPU's free memory, or arena_bytes; None
+    """The worker's one arena: settings.arena_fraction of the GPU's total memory, or arena_bytes; None
     when arena_bytes is 0 (no arena)."""
     fraction, byte_budget = settings.arena_size()
     if fraction is None and byte_budget is None:

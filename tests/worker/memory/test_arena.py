@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from services.worker.memory.allocator import ByteRange
-from services.worker.memory.arena import Arena
+from services.worker.memory.arena import Arena, cuda_arena_bytes
 from services.worker.memory.errors import ArenaConfigError, InvalidViewError
 
 
@@ -112,29 +112,43 @@ class _SizeRecorder(Arena):
         self.chosen = (total_bytes, torch.device(device))
 
 
+FREE, TOTAL = 3_000_000, 4_000_000  # a GPU of which another process holds a quarter
+
+
 @pytest.mark.parametrize(
     ("kwargs", "expected"),
     [
-        ({"fraction": 0.5}, 500_000),
-        ({"fraction": 1.0}, 1_000_000),
-        ({"fraction": 0.8}, 800_000),
+        ({"fraction": 0.5}, 2_000_000),  # shares of the total, not of what is free
+        ({"fraction": 0.75}, 3_000_000),
+        ({"fraction": 0.25}, 1_000_000),
         ({"byte_budget": 4096}, 4096),
     ],
 )
-def test_cuda_sizing_uses_free_memory(
+def test_cuda_sizing_takes_shares_of_total_memory(
     monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, float], expected: int
 ) -> None:
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1_000_000, 4_000_000))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (FREE, TOTAL))
     arena = _SizeRecorder.for_device("cuda:0", **kwargs)  # type: ignore[arg-type]
     assert arena.chosen == (expected, torch.device("cuda:0"))  # type: ignore[attr-defined]
 
 
+def test_two_workers_sharing_a_gpu_get_the_same_arenas_in_either_start_order() -> None:
+    first = cuda_arena_bytes(0.45, free=TOTAL, total=TOTAL)
+    second = cuda_arena_bytes(0.45, free=TOTAL - first, total=TOTAL)  # the first one's arena is taken
+    assert first == second == 1_800_000  # shares of free memory gave 1.8 MB and 0.99 MB, by who came first
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({}, "needs a fraction"), ({"byte_budget": 2_000_000}, "exceeds"), ({"fraction": 1e-9}, "no memory")],
+    [
+        ({}, "needs a fraction"),
+        ({"byte_budget": 3_500_000}, "exceeds"),
+        ({"fraction": 0.9}, "another process holds the rest"),
+        ({"fraction": 1e-9}, "no memory"),
+    ],
 )
 def test_cuda_sizing_errors(monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, float], message: str) -> None:
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1_000_000, 4_000_000))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (FREE, TOTAL))
     with pytest.raises(ArenaConfigError, match=message):
         _SizeRecorder.for_device("cuda:0", **kwargs)  # type: ignore[arg-type]
 
