@@ -11,6 +11,7 @@ from pathlib import Path
 from types import TracebackType
 
 from services.common.internal_auth import ENV as INTERNAL_TOKEN_ENV
+from services.common.internal_auth import token_from_env
 from services.common.redis_server import RedisServer
 from services.mesh.models import ModelSet, models_env
 from services.mesh.process import ChildProcess, ServiceStartError
@@ -83,8 +84,9 @@ class Stack:
     _tiers: list[list[ChildProcess]] = field(default_factory=list)  # start order; stopped reversed
     _redis: RedisServer | None = None
     _details: dict[str, str] = field(default_factory=dict)  # worker name -> topology and models
-    # This run's internal credential (services/common/internal_auth.py), made fresh for each stack.
-    _internal_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    # This run's internal credential (services/common/internal_auth.py): HANZO_INTERNAL_TOKEN where the
+    # caller set one (to reach the services themselves), else made fresh for each stack.
+    _internal_token: str = field(default_factory=lambda: token_from_env() or secrets.token_urlsafe(24))
 
     def __enter__(self) -> Stack:
         self.start()

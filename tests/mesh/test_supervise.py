@@ -15,6 +15,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
+from services.common.internal_auth import ENV as INTERNAL_TOKEN_ENV
+from services.common.internal_auth import HEADER
 from services.common.redis_server import RedisServer
 from services.mesh.process import ChildProcess
 from services.mesh.stack import KEEP_PORTS
@@ -135,3 +138,41 @@ def test_serve_rebuilds_its_view_after_redis_is_killed(tmp_path: Path, llama_gqa
             time.sleep(0.2)  # polling Redis for the state the services write on their own
         reply = client.completions.create(model="tiny", prompt="Hello again", max_tokens=3)
         assert reply.usage.completion_tokens >= 1
+
+
+def test_serve_keeps_answering_through_a_placer_restart(
+    tmp_path: Path, llama_gqa_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The placer SIGKILLed: the gateway picks from its own replica meanwhile; the placer comes back on
+    its port and the worker's heartbeats reach it again (its node is in the placer's view)."""
+    openai = pytest.importorskip("openai")
+    token = "placer-restart-token"
+    monkeypatch.setenv(INTERNAL_TOKEN_ENV, token)  # serve takes it instead of making one
+    argv = [str(llama_gqa_dir), "--name", "tiny", "--port", "0", "--http-port", "0", "--max-model-len", "512"]
+    with served(tmp_path, *argv) as lines:
+        log = tmp_path / "serve.out"
+        row = re.search(r"^placer\s+(\d+)\s+(127\.0\.0\.1:\d+)", log.read_text(), re.M)
+        assert row is not None, log.read_text()
+        client = openai.OpenAI(base_url=lines["openai"], api_key=lines["api key"], max_retries=0, timeout=60)
+        os.kill(int(row.group(1)), signal.SIGKILL)
+        reply = client.completions.create(model="tiny", prompt="While the placer is down", max_tokens=3)
+        assert reply.usage.completion_tokens >= 1
+        deadline = time.monotonic() + 60
+        while "placer is back" not in log.read_text():
+            assert time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)  # reading the CLI's output: it gives no other signal
+        worker_log = next((tmp_path / "runs").glob("*/worker-1.log"))
+        while "placer reachable again" not in worker_log.read_text():
+            assert time.monotonic() < deadline, "the worker's heartbeats never reached the new placer"
+            time.sleep(0.2)  # the worker says so in its log once a heartbeat lands again
+        assert _placer_lists_a_node(row.group(2), token)
+        reply = client.completions.create(model="tiny", prompt="And after it", max_tokens=3)
+        assert reply.usage.completion_tokens >= 1
+
+
+def _placer_lists_a_node(address: str, token: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        reply = placer_pb2_grpc.PlacerStub(channel).ListNodes(
+            placer_pb2.ListNodesRequest(), metadata=((HEADER, token),), timeout=5
+        )
+    return len(reply.nodes) > 0

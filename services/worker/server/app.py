@@ -74,7 +74,14 @@ class WorkerApp:
         if self.settings.metrics_port is not None:
             http_server, _ = start_http_server(self.settings.metrics_port, registry=self.metrics.registry)
             self.metrics_port = http_server.server_port
-        self._placer_channel = grpc.aio.insecure_channel(self.settings.placer_address)
+        # gRPC's own reconnect backoff grows to 120 s; capped at one heartbeat interval, a restarted
+        # placer hears from this worker on its next beat instead of minutes later.
+        backoff_ms = max(1, int(self.settings.heartbeat_interval_s * 1000))
+        options = [
+            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", backoff_ms),
+        ]
+        self._placer_channel = grpc.aio.insecure_channel(self.settings.placer_address, options=options)
         self.heartbeat = Heartbeat(
             self._placer_channel,
             self._report,
