@@ -178,9 +178,9 @@ class ClusterSnapshot:
             columns.host_copy[row] = False
         self._free_rows.append(row)
 
-    def update_thermal(self, node_id: str, sample: ThermalSample, trend_c_per_s: float) -> bool:
+    def update_thermal(self, node_id: str, sample: ThermalSample | None, trend_c_per_s: float) -> bool:
         """Write only the thermal columns of a known node (telemetry arrives far more often than
-        heartbeats); False if the node is unknown."""
+        heartbeats; None: its sample expired, the state is unknown); False if the node is unknown."""
         row = self.row_of.get(node_id)
         if row is None:
             return False

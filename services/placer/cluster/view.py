@@ -152,6 +152,11 @@ class ClusterView:
             self._raw[node_id] = (raw_node, raw_thermal)
             if raw_thermal is not None:
                 self.apply_thermal(node_id, cluster_state_pb2.ThermalEntry.FromString(raw_thermal))
+            else:
+                # Its thermal key outlived its TTL (the telemetry agent went quiet): the last sample
+                # must not pass for a fresh one. Without it the node's thermal state scores as unknown.
+                if self.thermal.pop(node_id, None) is not None:
+                    self.snapshot.update_thermal(node_id, None, 0.0)
             self.apply_node(cluster_state_pb2.NodeEntry.FromString(raw_node))
 
     async def _resync_loop(self) -> None:
