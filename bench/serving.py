@@ -37,6 +37,8 @@ from bench.serving_stats import TARGETS, comparisons, headline, rate_key, run_su
 
 LOG_DIR = Path(".cache/bench/serving-logs")
 WARM_UP_REQUESTS = 2
+# The x-hanzo-workload names the gateway accepts (services.common.workload.WorkloadClass, lower case).
+SATURATION_CLASSES = ("realtime_chat", "agent_tool", "batch")
 Runs = dict[str, dict[str, object]]  # a server's load summaries by rate key ("inf", "0.75", ...)
 
 
@@ -53,7 +55,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-output-tokens", type=int, help="cap on a reply's length (default 128; quick 48)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
-        "--saturation-class", default="batch",
+        "--saturation-class", default="batch", choices=("auto", *SATURATION_CLASSES),
         help="x-hanzo-workload of the all-at-once loads (default batch: bulk work; auto: the gateway "
         "classifies, and a realtime chat not scheduled within its 5 s queue timeout is refused with 429)",
     )  # fmt: skip

@@ -61,7 +61,6 @@ class _Record:
     restarts: list[float] = field(default_factory=list)  # monotonic times of the restarts made
     attempt: int = 0  # restarts since the last stable run
     due: float | None = None  # when the pending restart is to be made
-    exit_code: int | None = None
     given_up: bool = False
 
 
@@ -123,7 +122,6 @@ class Supervisor:
 
     def _schedule(self, child: Supervised, record: _Record, code: int, now: float) -> None:
         p = self.policy
-        record.exit_code = code
         recent = [t for t in record.restarts if now - t < p.window_s]
         if len(recent) >= p.max_restarts:
             record.given_up = True

@@ -121,3 +121,10 @@ def test_runner_uses_the_kernel_where_it_applies(monkeypatch, dtype, built, uses
     strided = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in dense_caches(dtype)]  # not dense
     runner.set_kv_caches(strided)
     assert runner.attention.decode_kernel is None
+
+
+@pytest.mark.parametrize("lens", [[0, 5], [5, 2 * BLOCK + 1]])
+def test_kernel_refuses_a_context_its_block_table_does_not_cover(lens: list[int]) -> None:
+    k, v, tables = scattered_caches([5, 2 * BLOCK], 2, 16, torch.float32, seed=3)  # tables: 2 blocks wide
+    with pytest.raises(RuntimeError, match=r"context_lens\[\d\] = \d+ is outside \[1, 32\]"):
+        KERNEL(torch.randn(2, 4, 16), k, v, tables, torch.tensor(lens), 0.25)

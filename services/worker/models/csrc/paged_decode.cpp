@@ -111,9 +111,28 @@ struct Attention {
   int64_t heads, kv_heads, head_dim, block_size, table_width;
   float scale;
 
+  // visit(t, row) for each token t < length of one sequence's cache rows, offset to the item's heads.
+  // Block by block (a division per token would cost as much as its dot products), the next block's
+  // rows prefetched while this one's are used.
+  template <typename Visit>
+  void each_row(const scalar_t* cache, const int64_t* table, int64_t length, int64_t head_offset,
+                int64_t row_bytes, Visit&& visit) const {
+    const int64_t row_stride = kv_heads * head_dim;
+    for (int64_t start = 0; start < length; start += block_size) {
+      const int64_t end = std::min(start + block_size, length);
+      const scalar_t* block = cache + table[start / block_size] * block_size * row_stride + head_offset;
+      const scalar_t* next =
+          end < length ? cache + table[end / block_size] * block_size * row_stride + head_offset : nullptr;
+      for (int64_t t = start; t < end; ++t) {
+        if (next != nullptr) prefetch_row(next + (t - start) * row_stride, row_bytes);
+        visit(t, block + (t - start) * row_stride);
+      }
+    }
+  }
+
   void operator()(int64_t b, int64_t h0, int64_t h1, std::vector<float>& qf, std::vector<float>& acc,
                   std::vector<float>& scores) const {
-    const int64_t group = heads / kv_heads, row_stride = kv_heads * head_dim;
+    const int64_t group = heads / kv_heads;
     const int64_t length = context_lens[b], rows = (h1 - h0) * group;  // query heads of the item
     const int64_t* table = tables + b * table_width;
     const int64_t row_bytes = (h1 - h0) * head_dim * sizeof(scalar_t);
@@ -122,18 +141,11 @@ struct Attention {
     acc.assign(rows * head_dim, 0.f);
     scores.resize(rows * length);
     for (int64_t i = 0; i < rows * head_dim; ++i) qf[i] = load_one(q_heads, i) * scale;
-    // Block by block: a division per token would cost as much as its dot products.
-    for (int64_t start = 0; start < length; start += block_size) {  // scores[r][t] = q_r . k_t
-      const int64_t end = std::min(start + block_size, length);
-      const scalar_t* block = k_cache + table[start / block_size] * block_size * row_stride + h0 * head_dim;
-      const scalar_t* next = end < length ? k_cache + table[end / block_size] * block_size * row_stride : nullptr;
-      for (int64_t t = start; t < end; ++t) {
-        if (next != nullptr) prefetch_row(next + (t - start) * row_stride + h0 * head_dim, row_bytes);
-        const scalar_t* key = block + (t - start) * row_stride;
-        for (int64_t r = 0; r < rows; ++r)
-          scores[r * length + t] = dot(qf.data() + r * head_dim, key + (r / group) * head_dim, head_dim);
-      }
-    }
+    const int64_t head_offset = h0 * head_dim;
+    each_row(k_cache, table, length, head_offset, row_bytes, [&](int64_t t, const scalar_t* key) {
+      for (int64_t r = 0; r < rows; ++r)  // scores[r][t] = q_r . k_t
+        scores[r * length + t] = dot(qf.data() + r * head_dim, key + (r / group) * head_dim, head_dim);
+    });
     for (int64_t r = 0; r < rows; ++r) {  // softmax over t, the 1 / sum folded into the output
       float* s = scores.data() + r * length;
       const float peak = *std::max_element(s, s + length);
@@ -145,17 +157,10 @@ struct Attention {
       const float inv = 1.f / sum;
       for (int64_t t = 0; t < length; ++t) s[t] *= inv;
     }
-    for (int64_t start = 0; start < length; start += block_size) {  // acc[r] += p[r][t] * v_t
-      const int64_t end = std::min(start + block_size, length);
-      const scalar_t* block = v_cache + table[start / block_size] * block_size * row_stride + h0 * head_dim;
-      const scalar_t* next = end < length ? v_cache + table[end / block_size] * block_size * row_stride : nullptr;
-      for (int64_t t = start; t < end; ++t) {
-        if (next != nullptr) prefetch_row(next + (t - start) * row_stride + h0 * head_dim, row_bytes);
-        const scalar_t* value = block + (t - start) * row_stride;
-        for (int64_t r = 0; r < rows; ++r)
-          axpy(scores[r * length + t], value + (r / group) * head_dim, acc.data() + r * head_dim, head_dim);
-      }
-    }
+    each_row(v_cache, table, length, head_offset, row_bytes, [&](int64_t t, const scalar_t* value) {
+      for (int64_t r = 0; r < rows; ++r)  // acc[r] += p[r][t] * v_t
+        axpy(scores[r * length + t], value + (r / group) * head_dim, acc.data() + r * head_dim, head_dim);
+    });
     store_row(acc.data(), out + (b * heads + h0 * group) * head_dim, rows * head_dim, 1.f);
   }
 };
@@ -197,6 +202,11 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   auto lens = context_lens.contiguous();
   auto out = torch::empty_like(qc);
   const int64_t width = tables.size(1);
+  // Every context must be covered by its table row and hold its new token: the loops read without checks.
+  const int64_t* len_data = lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b)
+    TORCH_CHECK(len_data[b] >= 1 && len_data[b] <= width * block_size, "context_lens[", b, "] = ", len_data[b],
+                " is outside [1, ", width * block_size, "] (the block table's reach)");
   AT_DISPATCH_SWITCH(q.scalar_type(), "paged_decode",
     AT_DISPATCH_CASE(at::kFloat, [&] {
       attend(Attention<float>{qc.data_ptr<float>(), k_cache.data_ptr<float>(), v_cache.data_ptr<float>(),
