@@ -173,7 +173,7 @@ async def test_a_decoder_short_of_kv_takes_blocks_from_an_idle_one(same_size_mod
     small_pool = 8 * 8192  # 8 blocks of 16 tokens: 128 tokens for 8 requests wanting 60 each
     config = WorkerSettings(
         models=same_size_models, arena_bytes=64 << 20, kv_cache_bytes=small_pool, max_num_seqs=8,
-        kv_donor_min_blocks=2,
+        kv_donor_min_blocks=2, dtype="float32",  # float32, as LLM() below; and 8 blocks, not bfloat16's 16
     )  # fmt: skip
     host = ModelHost(config)
     try:
