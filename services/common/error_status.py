@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from services.common.errors import ServiceError, retry_hint
+from services.common.errors import ResourceExhausted, ServiceError
 from services.worker.engine.errors import AdmissionError, EngineDeadError, InvalidRequestError
 from services.worker.memory.errors import (
     HostCopyMismatchError,
@@ -36,8 +36,8 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)
     if isinstance(exc, EngineDeadError):
         return grpc.StatusCode.UNAVAILABLE, str(exc)
-    if isinstance(exc, AdmissionError):  # worded like ResourceExhausted: one hint format for callers
-        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc) + retry_hint(exc.retry_after_s)
+    if isinstance(exc, AdmissionError):  # its delay travels as RetryInfo: see retry_after_for
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc)
     if isinstance(exc, ChatTemplateError):  # the template's own check, e.g. roles that must alternate
         return grpc.StatusCode.INVALID_ARGUMENT, f"messages: {exc}"
     if isinstance(exc, NoChatTemplateError):  # this model cannot chat: send a plain prompt instead
@@ -49,6 +49,13 @@ def status_for(exc: BaseException) -> tuple[grpc.StatusCode, str] | None:
             if isinstance(exc, kind):
                 return code, str(exc)
         return grpc.StatusCode.INVALID_ARGUMENT, str(exc)  # bad sizes or ranges asked of the manager
+    return None
+
+
+def retry_after_for(exc: BaseException) -> float | None:
+    """How long the caller of a refused request should wait before retrying; None: no advice."""
+    if isinstance(exc, ResourceExhausted | AdmissionError):
+        return exc.retry_after_s
     return None
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import re
-
 import grpc
 
 
@@ -26,27 +24,14 @@ class NotFound(ServiceError):
 
 
 class ResourceExhausted(ServiceError):
+    """Overloaded or over a limit; retry_after_s reaches the caller as google.rpc.RetryInfo (gRPC) or
+    Retry-After (HTTP), see retry_info.py."""
+
     code = grpc.StatusCode.RESOURCE_EXHAUSTED
 
     def __init__(self, message: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message + retry_hint(retry_after_s))
+        super().__init__(message)
         self.retry_after_s = retry_after_s
-
-
-def retry_hint(retry_after_s: float | None) -> str:
-    """The suffix every RESOURCE_EXHAUSTED message ends with, so callers parse one format; "" for None."""
-    return f" (retry after {retry_after_s:.1f} s)" if retry_after_s is not None else ""
-
-
-_HINT = re.compile(r" \(retry after (\d+(?:\.\d+)?) s\)$")
-
-
-def split_retry_hint(message: str) -> tuple[str, float | None]:
-    """(message without its retry_hint suffix, the hinted seconds); (message, None) when it has none."""
-    match = _HINT.search(message)
-    if match is None:
-        return message, None
-    return message[: match.start()], float(match.group(1))
 
 
 class Unavailable(ServiceError):

@@ -21,7 +21,8 @@ from google.protobuf.descriptor import ServiceDescriptor
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 
-from services.common.error_status import TYPED_ERRORS, status_for
+from services.common.error_status import TYPED_ERRORS, retry_after_for, status_for
+from services.common.retry_info import retry_trailers
 from services.common.tracing import local_span, records_spans, rpc_attributes
 
 # Raises an Unauthenticated (or other ServiceError) for a caller that may not call; sees the metadata.
@@ -144,7 +145,7 @@ async def _fail(span: trace.Span, context: grpc.aio.ServicerContext, exc: BaseEx
     if isinstance(exc, TYPED_ERRORS):
         code, details = status_for(exc)  # type: ignore[misc]  # typed errors always map
         record_status(span, code, details)
-        await context.abort(code, details)
+        await context.abort(code, details, retry_trailers(code, details, retry_after_for(exc)))
     if isinstance(exc, grpc.aio.AbortError):  # the handler called context.abort() itself
         record_status(span, context.code() or grpc.StatusCode.UNKNOWN, context.details())
     elif isinstance(exc, asyncio.CancelledError | GeneratorExit):  # the caller went away

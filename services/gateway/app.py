@@ -19,6 +19,7 @@ from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai.app import build_app
 from services.gateway.openai.front import Front
 from services.gateway.openai.server import HttpServer
+from services.gateway.rate_limit import Gatekeeper, RateLimiter
 from services.gateway.router import Router
 from services.gateway.servicer import InferenceServicer
 from services.gateway.upstream import Upstream
@@ -53,7 +54,11 @@ class GatewayApp:
             log.warning("no API keys configured (HANZO_GATEWAY_API_KEYS): the gateway is OPEN to any caller")
         self.server = new_server()
         tracer = self.tracer_provider.get_tracer("hanzo.gateway")
-        authenticate = ApiKeys(settings.api_keys) if settings.api_keys else None
+        keys = ApiKeys(settings.api_keys) if settings.api_keys else None
+        limiter = None
+        if settings.rate_limit_rps > 0:
+            limiter = RateLimiter(settings.rate_limit_rps, settings.burst, self.metrics.rate_limited)
+        authenticate = Gatekeeper(keys, limiter) if keys or limiter else None
         self.router = Router(settings, self.upstream, tracer)
         servicer = InferenceServicer(self.router, self.metrics, tracer)
         # Health and reflection are registered unwrapped: probes and grpcurl need no key.

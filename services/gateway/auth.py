@@ -11,14 +11,15 @@ from services.common.errors import Unauthenticated
 
 class ApiKeys:
     """Called with each call's metadata (or an HTTP request's headers, any mapping with lower-case
-    `authorization`) before its handler runs; raises Unauthenticated saying what is wrong with it."""
+    `authorization`) before its handler runs; returns the key it carries (the caller's identity, for
+    rate limits), or raises Unauthenticated saying what is wrong with it."""
 
     def __init__(self, keys: frozenset[str]) -> None:
         self.keys = keys
         # Bytes: compare_digest refuses str with non-ASCII characters, which an HTTP header may carry.
         self._known = tuple(k.encode() for k in keys)
 
-    def __call__(self, metadata: Mapping[str, str]) -> None:
+    def __call__(self, metadata: Mapping[str, str]) -> bytes:
         header = metadata.get("authorization", "")
         if not header:
             raise Unauthenticated("missing `authorization: Bearer <key>`")
@@ -33,3 +34,4 @@ class ApiKeys:
             matched |= hmac.compare_digest(offered, known)
         if not matched:
             raise Unauthenticated("unknown API key")
+        return offered

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import socket
 from collections.abc import Mapping
@@ -17,7 +18,9 @@ class GatewaySettings:
     request while no token has been sent. zone/rack/hostname: where the gateway runs, for topology.
     http_port: the OpenAI-compatible HTTP front's port on host (0 picks a free one; None serves none).
     http_timeout_s: the longest an HTTP request may run (a caller's `timeout` header may only shorten
-    it), so a hung request ends with 504. http_max_body_bytes: larger request bodies get 413."""
+    it), so a hung request ends with 504. http_max_body_bytes: larger request bodies get 413.
+    rate_limit_rps / rate_limit_burst: each API key's token bucket (rate_limit.py); 0 rps: no limit,
+    burst None: the rate rounded up (one second's worth)."""
 
     host: str = "127.0.0.1"
     port: int = 50050
@@ -42,10 +45,19 @@ class GatewaySettings:
     http_timeout_s: float = 600.0
     http_max_body_bytes: int = 8 * 1024 * 1024
     internal_token: str | None = field(default=None, repr=False)  # HANZO_INTERNAL_TOKEN (internal_auth.py)
+    rate_limit_rps: float = 0.0
+    rate_limit_burst: int | None = None
 
     def __post_init__(self) -> None:
         if self.placement not in ("remote", "embedded"):
             raise ValueError(f"HANZO_GATEWAY_PLACEMENT={self.placement!r}: use remote or embedded")
+        if self.rate_limit_burst is not None and self.rate_limit_burst < 1:
+            raise ValueError(f"HANZO_GATEWAY_RATE_LIMIT_BURST={self.rate_limit_burst}: must be >= 1")
+
+    @property
+    def burst(self) -> int:
+        """Requests a key may send at once: rate_limit_burst, else one second's worth."""
+        return self.rate_limit_burst or max(1, math.ceil(self.rate_limit_rps))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> GatewaySettings:
@@ -73,6 +85,8 @@ class GatewaySettings:
             http_timeout_s=env_float(environ, p + "HTTP_TIMEOUT_S", cls.http_timeout_s, 0.001),
             http_max_body_bytes=env_int(environ, p + "HTTP_MAX_BODY_BYTES", cls.http_max_body_bytes, 1),
             internal_token=token_from_env(environ),
+            rate_limit_rps=env_float(environ, p + "RATE_LIMIT_RPS", cls.rate_limit_rps, 0.0),
+            rate_limit_burst=env_optional_int(environ, p + "RATE_LIMIT_BURST"),
         )
 
 

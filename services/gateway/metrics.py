@@ -33,6 +33,11 @@ class GatewayMetrics:
             buckets=(0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
             registry=r,
         )
+        self.rate_limited = Counter(
+            "hanzo_gateway_rate_limited",
+            "Requests refused with RESOURCE_EXHAUSTED (HTTP 429) because their API key was over its rate",
+            registry=r,
+        )
         self.http_responses = Counter(
             "hanzo_gateway_http_responses",
             "HTTP front responses by route and status (a stream counts once, by the status it began with)",

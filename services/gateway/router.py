@@ -19,7 +19,8 @@ import grpc
 from opentelemetry import trace
 
 from hanzo.inference.v1 import inference_pb2, worker_pb2
-from services.common.errors import ResourceExhausted, ServiceError, Unavailable, split_retry_hint
+from services.common.errors import ResourceExhausted, ServiceError, Unavailable
+from services.common.retry_info import retry_after_of
 from services.common.tracing import client_call_span, record_rpc_error, records_spans
 from services.common.workload import WorkloadClass
 from services.gateway.config import GatewaySettings
@@ -234,9 +235,9 @@ def _final_code(last_error: grpc.aio.AioRpcError | None) -> grpc.StatusCode:
 
 def _exhausted(last_error: grpc.aio.AioRpcError | None, attempts: int, what: str) -> ServiceError:
     detail = last_error.details() if last_error else "no attempt made"
-    if _final_code(last_error) == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        # Pass on the worker's own hint (it knows its queue and token rate) rather than adding a second.
-        detail, hinted = split_retry_hint(detail or "")
+    if last_error is not None and _final_code(last_error) == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        # Pass on the worker's own delay (it knows its queue and token rate) rather than guessing one.
+        hinted = retry_after_of(last_error)
         return ResourceExhausted(
             f"every worker tried is overloaded ({detail})",
             retry_after_s=hinted if hinted is not None else _DEFAULT_RETRY_S,

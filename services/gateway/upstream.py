@@ -12,8 +12,9 @@ import grpc
 from opentelemetry.trace import TracerProvider
 
 from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc, worker_pb2_grpc
-from services.common.errors import NotFound, ServiceError, Unavailable
+from services.common.errors import NotFound, ResourceExhausted, ServiceError, Unavailable
 from services.common.internal_auth import call_metadata
+from services.common.retry_info import retry_after_of
 from services.common.tracing import client_interceptors, local_span
 from services.common.workload import WorkloadClass
 from services.gateway.worker_link import WorkerLink
@@ -36,8 +37,11 @@ class Placement(NamedTuple):
 
 
 def relay(error: grpc.aio.AioRpcError, what: str) -> ServiceError:
-    """An upstream failure as our own error with the same status code."""
-    relayed = ServiceError(f"{what}: {error.details()}")
+    """An upstream failure as our own error with the same status code (and retry delay, if overloaded)."""
+    message = f"{what}: {error.details()}"
+    if error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return ResourceExhausted(message, retry_after_of(error))
+    relayed = ServiceError(message)
     relayed.code = error.code()
     return relayed
 

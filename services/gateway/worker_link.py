@@ -17,12 +17,15 @@ import grpc
 
 from hanzo.inference.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 from services.common.internal_auth import Metadata
+from services.common.retry_info import DETAILS_KEY
 
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 
-def _error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details)
+def _error(code: grpc.StatusCode, details: str, status_details: bytes = b"") -> grpc.aio.AioRpcError:
+    """The error a Generate call would have raised, its rich status (RetryInfo) in the trailers."""
+    trailing = grpc.aio.Metadata((DETAILS_KEY, status_details)) if status_details else grpc.aio.Metadata()
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details)
 
 
 class LinkStream:
@@ -50,7 +53,8 @@ class LinkStream:
         self._call.forget(self.stream_id)
         if event.end.code == grpc.StatusCode.OK.value[0]:
             raise StopAsyncIteration
-        raise _error(_STATUS.get(event.end.code, grpc.StatusCode.UNKNOWN), event.end.details)
+        code = _STATUS.get(event.end.code, grpc.StatusCode.UNKNOWN)
+        raise _error(code, event.end.details, event.end.status_details)
 
     def cancel(self) -> None:
         """Stop the stream: the worker aborts its request and frees its KV. Nothing to do once ended."""

@@ -148,8 +148,9 @@ def test_error_mapping(exc: BaseException, status: int, param: str | None, code:
 def test_overload_maps_to_429_with_retry_after() -> None:
     error = from_exception(ResourceExhausted("every worker tried is overloaded", retry_after_s=2.3))
     assert error.status == 429 and error.headers == {"retry-after": "3", "retry-after-ms": "2300"}
-    relayed = from_exception(_relayed(grpc.StatusCode.RESOURCE_EXHAUSTED, "queue full (retry after 0.2 s)"))
-    assert relayed.headers["retry-after"] == "1"  # whole seconds, at least one
+    relayed = from_exception(ResourceExhausted("worker w1: queue full", retry_after_s=0.2))
+    assert relayed.headers == {"retry-after": "1", "retry-after-ms": "200"}  # whole seconds, at least one
+    assert from_exception(ResourceExhausted("no advice")).headers == {}
 
 
 @pytest.mark.parametrize(

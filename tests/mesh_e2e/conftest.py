@@ -82,12 +82,11 @@ async def running_mesh(
         GatewaySettings(
             port=0,
             placer_address=placer.address,
-            api_keys=frozenset({API_KEY}),
             drain_timeout_s=1.0,
             placement=placement,
             redis_url=redis_url,
             resync_interval_s=0.5,
-            **{"http_port": 0, **(gateway_overrides or {})},  # type: ignore[arg-type]
+            **{"http_port": 0, "api_keys": frozenset({API_KEY}), **gateway_overrides},  # type: ignore[arg-type]
         ),
         make_tracer_provider("hanzo-gateway", spans),
     )

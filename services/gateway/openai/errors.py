@@ -12,8 +12,7 @@ import re
 import grpc
 from pydantic import ValidationError
 
-from services.common.error_status import status_for
-from services.common.errors import ResourceExhausted, split_retry_hint
+from services.common.error_status import retry_after_for, status_for
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +99,7 @@ def from_exception(exc: BaseException) -> HttpError:
     elif code == grpc.StatusCode.NOT_FOUND:
         param = "model"
     elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        hinted = exc.retry_after_s if isinstance(exc, ResourceExhausted) else split_retry_hint(message)[1]
+        hinted = retry_after_for(exc)
         if hinted is not None:
             # Retry-After is whole seconds (RFC 9110); OpenAI's SDKs read the exact hint from -ms first.
             headers = {

@@ -78,7 +78,8 @@ class Front:
         return response
 
     def authorize(self, request: Request) -> None:
-        """Unauthenticated (401) unless the request carries `Authorization: Bearer <a known key>`."""
+        """Unauthenticated (401) unless the request carries `Authorization: Bearer <a known key>`;
+        ResourceExhausted (429 with Retry-After) when that key is over its rate limit."""
         if self.authenticate is not None:
             self.authenticate(request.headers)
 

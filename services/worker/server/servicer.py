@@ -113,7 +113,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     response.finish_reason = FINISH_REASONS[out.finish_reason or "abort"]
                     response.usage.CopyFrom(_usage(out))
                 yield response
-        except AdmissionError as exc:  # the interceptor turns it into RESOURCE_EXHAUSTED with the hint
+        except AdmissionError as exc:  # answered RESOURCE_EXHAUSTED with its delay as RetryInfo
             self.metrics.rejected.labels(*labels, exc.reason).inc()
             raise
         if final is not None and first_token_at is not None:

@@ -21,7 +21,8 @@ import grpc
 from opentelemetry import trace
 
 from hanzo.inference.v1 import worker_pb2
-from services.common.error_status import status_for
+from services.common.error_status import retry_after_for, status_for
+from services.common.retry_info import status_details
 from services.common.served import record_status, server_span
 from services.common.tracing import rpc_attributes
 
@@ -120,7 +121,7 @@ class StreamSession:
                         self._events.put_nowait(
                             worker_pb2.StreamEvent(stream_id=stream_id, response=response)
                         )
-                code, details = grpc.StatusCode.OK, ""
+                code, details, retry_after_s = grpc.StatusCode.OK, "", None
             except asyncio.CancelledError:
                 record_status(span, grpc.StatusCode.CANCELLED, "the caller cancelled")
                 self._streams.pop(stream_id, None)
@@ -128,7 +129,9 @@ class StreamSession:
                 raise
             except TimeoutError:
                 code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "the caller's deadline passed"
+                retry_after_s = None
             except Exception as exc:
+                retry_after_s = retry_after_for(exc)
                 mapped = status_for(exc)
                 if mapped is None:  # a bug: answered UNKNOWN with its text, as a Generate call would be
                     log.exception("stream %d failed", stream_id)
@@ -137,8 +140,12 @@ class StreamSession:
                 code, details = mapped
             record_status(span, code, details)
         self._streams.pop(stream_id, None)
-        self._end(stream_id, code, details)
+        self._end(stream_id, code, details, retry_after_s)
 
-    def _end(self, stream_id: int, code: grpc.StatusCode, details: str) -> None:
+    def _end(
+        self, stream_id: int, code: grpc.StatusCode, details: str, retry_after_s: float | None = None
+    ) -> None:
         end = worker_pb2.StreamEnd(code=code.value[0], details=details)
+        if retry_after_s is not None:  # as a Generate call's grpc-status-details-bin trailer would carry it
+            end.status_details = status_details(code, details, retry_after_s)
         self._events.put_nowait(worker_pb2.StreamEvent(stream_id=stream_id, end=end))

@@ -16,8 +16,9 @@ import grpc
 import pytest
 
 from hanzo.inference.v1 import common_pb2, inference_pb2, worker_pb2_grpc
-from services.common.error_status import status_for
+from services.common.error_status import retry_after_for, status_for
 from services.common.errors import ResourceExhausted
+from services.common.retry_info import retry_after_of
 from services.common.workload import WorkloadClass
 from services.worker.engine.errors import AdmissionError
 from services.worker.server.app import WorkerApp
@@ -64,12 +65,11 @@ async def rest_of(call: grpc.aio.UnaryStreamCall) -> list[inference_pb2.Generate
     return responses
 
 
-def test_admission_errors_are_worded_like_the_workers_own_refusal() -> None:
+def test_admission_errors_are_answered_as_the_workers_own_refusal() -> None:
     refusal = AdmissionError("the BATCH queue is full", retry_after_s=2.25, reason=AdmissionError.QUEUE_FULL)
-    mapped = status_for(refusal)
     ours = ResourceExhausted("the BATCH queue is full", retry_after_s=2.25)
-    assert mapped == (grpc.StatusCode.RESOURCE_EXHAUSTED, str(ours))
-    assert str(ours).endswith("(retry after 2.2 s)")
+    assert status_for(refusal) == status_for(ours) == (grpc.StatusCode.RESOURCE_EXHAUSTED, str(ours))
+    assert retry_after_for(refusal) == retry_after_for(ours) == 2.25
 
 
 async def test_a_full_class_queue_refuses_and_loses_nothing_accepted(tmp_path, llama_gqa_dir) -> None:
@@ -87,8 +87,8 @@ async def test_a_full_class_queue_refuses_and_loses_nothing_accepted(tmp_path, l
         with pytest.raises(grpc.aio.AioRpcError) as err:
             [r async for r in stub.Generate(generate(4))]
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        details = err.value.details()
-        assert "BATCH queue is full" in details and "retry after" in details, details
+        assert "BATCH queue is full" in err.value.details()
+        assert retry_after_of(err.value) is not None and retry_after_of(err.value) > 0
         chat = [r async for r in stub.Generate(generate(4, CHAT))]  # another class's queue is not full
         assert tokens(chat) == 4
 
@@ -129,8 +129,8 @@ async def test_a_request_past_its_queue_timeout_gets_resource_exhausted(tmp_path
         waited = time.monotonic() - started
         running.cancel()
         assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
-        details = err.value.details()
-        assert "BATCH queue timeout of 0.2 s" in details and "retry after" in details, details
+        assert "BATCH queue timeout of 0.2 s" in err.value.details()
+        assert retry_after_of(err.value) is not None and retry_after_of(err.value) > 0
         assert waited >= 0.2
         registry = app.metrics.registry
         labels = {"model": "llama", "workload_class": "BATCH"}
