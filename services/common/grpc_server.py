@@ -7,11 +7,14 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from services.common.channels import SERVER_OPTIONS
+
 
 def new_server() -> grpc.aio.Server:
     """A grpc.aio server with no interceptors: with none, grpc.aio finds each call's handler without a
-    coroutine chain (see served.py for what replaced them)."""
-    return grpc.aio.server()
+    coroutine chain (see served.py for what replaced them). It accepts its callers' keepalive pings
+    (channels.py)."""
+    return grpc.aio.server(options=SERVER_OPTIONS)
 
 
 def add_health_and_reflection(server: grpc.aio.Server, service_names: list[str]) -> health.aio.HealthServicer:

@@ -15,6 +15,7 @@ from services.common.served import serve_instrumented
 from services.common.tracing import make_tracer_provider, shutdown_tracing
 from services.gateway.auth import ApiKeys
 from services.gateway.config import GatewaySettings
+from services.gateway.ejections import Ejections
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai.app import build_app
 from services.gateway.openai.front import Front
@@ -48,7 +49,13 @@ class GatewayApp:
                 PlacerMetrics(self.metrics.registry),
             )
         self.upstream = Upstream(
-            settings.placer_address, self.tracer_provider, topology, self.replica, settings.internal_token
+            settings.placer_address,
+            self.tracer_provider,
+            topology,
+            self.replica,
+            settings.internal_token,
+            settings.worker_keepalive_s,
+            Ejections(settings.eject_s, self.metrics.ejections),
         )
         if not settings.api_keys:
             log.warning("no API keys configured (HANZO_GATEWAY_API_KEYS): the gateway is OPEN to any caller")

@@ -45,6 +45,10 @@ class GatewaySettings:
     http_timeout_s: float = 600.0
     http_max_body_bytes: int = 8 * 1024 * 1024
     internal_token: str | None = field(default=None, repr=False)  # HANZO_INTERNAL_TOKEN (internal_auth.py)
+    # A hung worker's calls fail once a keepalive ping goes unanswered this long (channels.py); its
+    # node is then left out of this gateway's picks for eject_s (ejections.py; 0: never).
+    worker_keepalive_s: float = 2.0
+    eject_s: float = 5.0
     rate_limit_rps: float = 0.0
     rate_limit_burst: int | None = None
 
@@ -85,6 +89,8 @@ class GatewaySettings:
             http_timeout_s=env_float(environ, p + "HTTP_TIMEOUT_S", cls.http_timeout_s, 0.001),
             http_max_body_bytes=env_int(environ, p + "HTTP_MAX_BODY_BYTES", cls.http_max_body_bytes, 1),
             internal_token=token_from_env(environ),
+            worker_keepalive_s=env_float(environ, p + "WORKER_KEEPALIVE_S", cls.worker_keepalive_s, 1.0),
+            eject_s=env_float(environ, p + "EJECT_S", cls.eject_s, 0.0),
             rate_limit_rps=env_float(environ, p + "RATE_LIMIT_RPS", cls.rate_limit_rps, 0.0),
             rate_limit_burst=env_optional_int(environ, p + "RATE_LIMIT_BURST"),
         )

@@ -38,6 +38,11 @@ class GatewayMetrics:
             "Requests refused with RESOURCE_EXHAUSTED (HTTP 429) because their API key was over its rate",
             registry=r,
         )
+        self.ejections = Counter(
+            "hanzo_gateway_worker_ejections",
+            "Workers left out of this gateway's picks since their link broke (died, or hung past keepalive)",
+            registry=r,
+        )
         self.http_responses = Counter(
             "hanzo_gateway_http_responses",
             "HTTP front responses by route and status (a stream counts once, by the status it began with)",

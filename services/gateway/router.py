@@ -27,6 +27,7 @@ from services.gateway.config import GatewaySettings
 from services.gateway.metrics import Tally
 from services.gateway.upstream import Placement, Upstream, relay
 from services.gateway.validate import validate_embed, validate_generate
+from services.gateway.worker_link import LinkBroken
 
 _WORKER = worker_pb2.DESCRIPTOR.services_by_name["Worker"].full_name
 _WORKER_GENERATE = f"/{_WORKER}/Generate"
@@ -131,6 +132,8 @@ class Router:
             if error is None:
                 tally.ok[workload].inc()
                 return
+            if isinstance(error, LinkBroken):
+                self.upstream.ejections.eject(pick.node_id, error.details() or "its link broke")
             if error.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                 # The caller's own deadline, passed on: the worker's timer may fire before ours does.
                 tally.failed(workload, grpc.StatusCode.DEADLINE_EXCEEDED)

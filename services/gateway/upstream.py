@@ -12,11 +12,13 @@ import grpc
 from opentelemetry.trace import TracerProvider
 
 from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc, worker_pb2_grpc
+from services.common.channels import internal_channel
 from services.common.errors import NotFound, ResourceExhausted, ServiceError, Unavailable
 from services.common.internal_auth import call_metadata
 from services.common.retry_info import retry_after_of
 from services.common.tracing import client_interceptors, local_span
 from services.common.workload import WorkloadClass
+from services.gateway.ejections import Ejections
 from services.gateway.worker_link import WorkerLink
 from services.placer.pick.query import PickQuery
 from services.placer.replica import PlacerReplica
@@ -62,12 +64,20 @@ class Upstream:
         topology: common_pb2.Topology,
         local: PlacerReplica | None = None,
         internal_token: str | None = None,
+        worker_keepalive_s: float | None = None,
+        ejections: Ejections | None = None,
     ) -> None:
+        """worker_keepalive_s: how often worker connections are pinged (and how long an unanswered ping
+        may wait) before their calls fail; ejections: workers left out of picks (ejections.py)."""
         self.local = local
+        self.worker_keepalive_s = worker_keepalive_s
+        self.ejections = ejections or Ejections(0.0)
         self.internal = call_metadata(internal_token)  # on every call to a worker or the placer
         self._tracer = tracer_provider.get_tracer("hanzo.gateway")
         self._interceptors = client_interceptors(tracer_provider)
-        self._placer_channel = grpc.aio.insecure_channel(placer_address, interceptors=self._interceptors)
+        self._placer_channel = internal_channel(
+            placer_address, keepalive_s=worker_keepalive_s, interceptors=self._interceptors
+        )
         self.placer = placer_pb2_grpc.PlacerStub(self._placer_channel)
         self.topology = topology
         self._workers: dict[str, _Worker] = {}
@@ -85,7 +95,9 @@ class Upstream:
         if worker is None:
             # No client interceptors: the servicer opens each call's span itself (client_call_span),
             # keeping grpc.aio's interceptor machinery off the streaming hot path.
-            channel = grpc.aio.insecure_channel(address)
+            # Reconnects at most a second apart: gRPC's backoff, grown while a worker was down or hung,
+            # would keep failing calls to it for up to two minutes after it is back.
+            channel = internal_channel(address, keepalive_s=self.worker_keepalive_s, reconnect_backoff_s=1.0)
             stub = worker_pb2_grpc.WorkerStub(channel)
             link = WorkerLink(stub, address, self.internal)
             worker = self._workers[address] = _Worker(channel, stub, link)
@@ -99,7 +111,24 @@ class Upstream:
         timeout_s: float,
         prompt: str | Sequence[int] | None = None,
     ) -> Placement:
-        """The worker the placer chooses; NotFound for an unknown model, Unavailable when none can serve."""
+        """The worker the placer chooses, leaving out exclude and the ejected workers (unless that leaves
+        none); NotFound for an unknown model, Unavailable when none can serve."""
+        ejected = [node for node in self.ejections.active() if node not in exclude]
+        if ejected:
+            try:
+                return await self._pick(model, workload, [*exclude, *ejected], timeout_s, prompt)
+            except Unavailable:
+                pass  # every other worker is gone too: a suspect one beats none (Envoy's panic mode)
+        return await self._pick(model, workload, exclude, timeout_s, prompt)
+
+    async def _pick(
+        self,
+        model: str,
+        workload: WorkloadClass,
+        exclude: list[str],
+        timeout_s: float,
+        prompt: str | Sequence[int] | None,
+    ) -> Placement:
         hashed = prefix_hash(prompt) if prompt else 0
         prompt_tokens = len(prompt) if prompt and not isinstance(prompt, str) else 0
         if self.local is not None:

@@ -22,6 +22,11 @@ from services.common.retry_info import DETAILS_KEY
 _STATUS = {code.value[0]: code for code in grpc.StatusCode}
 
 
+class LinkBroken(grpc.aio.AioRpcError):
+    """UNAVAILABLE for every stream of a link that broke: the worker died, hung past its keepalive, or
+    closed the call; the gateway leaves such a worker out of its picks for a while (ejections.py)."""
+
+
 def _error(code: grpc.StatusCode, details: str, status_details: bytes = b"") -> grpc.aio.AioRpcError:
     """The error a Generate call would have raised, its rich status (RetryInfo) in the trailers."""
     trailing = grpc.aio.Metadata((DETAILS_KEY, status_details)) if status_details else grpc.aio.Metadata()
@@ -137,7 +142,12 @@ class _LinkCall:
         finally:
             self.broken = True
             self._writer.cancel()
-            error = _error(grpc.StatusCode.UNAVAILABLE, f"link to worker {self.address} broke ({reason})")
+            error = LinkBroken(
+                grpc.StatusCode.UNAVAILABLE,
+                grpc.aio.Metadata(),
+                grpc.aio.Metadata(),
+                f"link to worker {self.address} broke ({reason})",
+            )
             for stream in self.streams.values():
                 stream.deliver(error)
             self.streams.clear()

@@ -9,6 +9,7 @@ import logging
 import grpc
 
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
+from services.common.channels import internal_channel
 from services.common.internal_auth import call_metadata
 from services.telemetry.config import ProbeSettings
 
@@ -39,14 +40,9 @@ class PlacerLoadProbe:
         self._metadata = call_metadata(internal_token)
         self._node_id = node_id
         self._settings = settings
-        # gRPC's own reconnect backoff grows to 120 s; capped at one interval, the probe sees a restarted
-        # placer on its next poll instead of failing fast for minutes.
-        backoff_ms = max(1, int(settings.interval_s * 1000))
-        options = [
-            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
-            ("grpc.max_reconnect_backoff_ms", backoff_ms),
-        ]
-        self._channel = grpc.aio.insecure_channel(placer_address, options=options)
+        # Reconnects capped at one interval: the probe sees a restarted placer on its next poll instead
+        # of failing fast for minutes.
+        self._channel = internal_channel(placer_address, reconnect_backoff_s=settings.interval_s)
         self._stub = placer_pb2_grpc.PlacerStub(self._channel)
         self._value = 0.0
         self._stop = asyncio.Event()

@@ -11,6 +11,7 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import start_http_server
 
 from hanzo.inference.v1 import placer_pb2, worker_pb2, worker_pb2_grpc
+from services.common.channels import internal_channel
 from services.common.errors import ResourceExhausted
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
 from services.common.internal_auth import call_metadata, server_check
@@ -74,14 +75,11 @@ class WorkerApp:
         if self.settings.metrics_port is not None:
             http_server, _ = start_http_server(self.settings.metrics_port, registry=self.metrics.registry)
             self.metrics_port = http_server.server_port
-        # gRPC's own reconnect backoff grows to 120 s; capped at one heartbeat interval, a restarted
-        # placer hears from this worker on its next beat instead of minutes later.
-        backoff_ms = max(1, int(self.settings.heartbeat_interval_s * 1000))
-        options = [
-            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
-            ("grpc.max_reconnect_backoff_ms", backoff_ms),
-        ]
-        self._placer_channel = grpc.aio.insecure_channel(self.settings.placer_address, options=options)
+        # Reconnects capped at one heartbeat interval: a restarted placer hears from this worker on its
+        # next beat instead of minutes later.
+        self._placer_channel = internal_channel(
+            self.settings.placer_address, reconnect_backoff_s=self.settings.heartbeat_interval_s
+        )
         self.heartbeat = Heartbeat(
             self._placer_channel,
             self._report,
