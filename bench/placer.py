@@ -36,6 +36,7 @@ from bench.placer_naive import NaivePicker
 from bench.placer_procs import Child, cpu_layout, pin, start_placer, start_telemetry_load, telemetry_result
 from bench.progress import log
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
+from services.common.redact import redact_url
 from services.common.redis_server import RedisServer
 from services.placer.cluster.schema import Keys
 from services.placer.config import PlacerSettings
@@ -93,7 +94,7 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
         }
         placer, address = start_placer(redis.url, env, other_cpus, workdir / "placer.log")
         children.append(placer)
-        log(f"placer subprocess at {address}, redis {redis.url}")
+        log(f"placer subprocess at {address}, redis {redact_url(redis.url)}")
 
         reports = node_reports(shape, rng)
         samples = [gpu_sample(rng, w % shape.gpus_per_node) for w in range(shape.workers)]

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
+REDIS_URL_ENV = "HANZO_BENCH_REDIS_URL"  # bench/placer_telemetry_load.py's Redis, password included
 
 
 class Child:
@@ -97,10 +98,10 @@ def start_telemetry_load(
     args = [
         sys.executable,
         str(ROOT / "bench" / "placer_telemetry_load.py"),
-        *("--redis-url", redis_url, "--rate", str(rate), "--nodes", str(nodes), "--gpus", str(gpus)),
-        *("--ttl-s", str(ttl_s)),
+        *("--rate", str(rate), "--nodes", str(nodes), "--gpus", str(gpus), "--ttl-s", str(ttl_s)),
     ]
-    child = Child(args, dict(os.environ), log_path)
+    # The URL carries Redis's password: in the environment, not on a command line `ps` shows.
+    child = Child(args, {**os.environ, REDIS_URL_ENV: redis_url}, log_path)
     pin(child.process.pid, cpus)
     # Lowest priority: on a 2-core machine the load must share a core with a measured process, and a
     # background stream should not delay a latency-sensitive one that wakes up (as on a real node).

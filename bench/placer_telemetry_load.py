@@ -4,7 +4,7 @@ subscribed placer applies that many pub/sub events per second. Runs in its own p
 share the measuring core. Prints "TELEMETRY_READY" once writing; on SIGTERM/SIGINT prints one JSON line
 {"samples": N, "skipped": K, "seconds": S, "samples_per_s": R} and exits.
 
-    .venv/bin/python bench/placer_telemetry_load.py --redis-url URL [--rate 2000] [--nodes 1000] [--gpus 8]
+    HANZO_BENCH_REDIS_URL=URL .venv/bin/python bench/placer_telemetry_load.py [--rate 2000] [--nodes 1000]
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
 import sys
 import time
@@ -22,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from bench.placer_cluster import ClusterShape, gpu_sample
+from bench.placer_procs import REDIS_URL_ENV
 from hanzo.inference.v1 import cluster_state_pb2
 from services.placer.cluster.schema import Keys
 from services.placer.cluster.store import ClusterStore
@@ -35,14 +37,20 @@ TREND_ALPHA = 0.3  # as services/placer/cluster/view.py smooths the temperature 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis-url", required=True)
+    # Default from the environment: the URL carries the password, which a command line would show.
+    parser.add_argument(
+        "--redis-url", default=os.environ.get(REDIS_URL_ENV), help=f"default: ${REDIS_URL_ENV}"
+    )
     parser.add_argument("--key-prefix", default="hanzo")
     parser.add_argument("--rate", type=float, default=2000.0, help="samples per second")
     parser.add_argument("--nodes", type=int, default=1000)
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--ttl-s", type=float, default=3600.0, help="TTL of each thermal key")
     parser.add_argument("--seed", type=int, default=1)
-    return parser.parse_args()
+    args = parser.parse_args()
+    if not args.redis_url:
+        parser.error(f"give --redis-url or set {REDIS_URL_ENV}")
+    return args
 
 
 async def run(args: argparse.Namespace) -> dict[str, float]:

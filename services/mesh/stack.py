@@ -12,7 +12,8 @@ from types import TracebackType
 
 from services.common.internal_auth import ENV as INTERNAL_TOKEN_ENV
 from services.common.internal_auth import token_from_env
-from services.common.redis_server import RedisServer
+from services.common.redact import redact_url
+from services.common.redis_server import RedisServer, password_from_env
 from services.mesh.models import ModelSet, models_env
 from services.mesh.process import ChildProcess, ServiceStartError
 from services.mesh.redis_service import SupervisedRedis
@@ -102,7 +103,9 @@ class Stack:
         ports = _Ports(cfg.base_port)
         redis_url = cfg.redis_url
         if redis_url is None:
-            self._redis = RedisServer(cfg.run_dir, port=ports.take() or None)
+            # Its password: HANZO_REDIS_PASSWORD where the caller set one (to read the cluster state
+            # itself), else a fresh one; the services get it inside the url.
+            self._redis = RedisServer(cfg.run_dir, port=ports.take() or None, password=password_from_env())
             self._redis.start()
             redis_url = self._redis.url
             pid = self._redis.process.pid if self._redis.process else 0
@@ -123,7 +126,7 @@ class Stack:
             ]
         )[0]
         placer_address = placer.ready["address"]
-        self._add_row(placer, f"redis {redis_url} prefix {prefix}")
+        self._add_row(placer, f"redis {redact_url(redis_url)} prefix {prefix}")  # the table is printed
         workers = self._start_tier([self._worker(i, ports, placer_address) for i in range(cfg.workers)])
         for w in workers:
             if w.ready.get("serving") == "False":

@@ -14,6 +14,7 @@ from prometheus_client import start_http_server
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
 from services.common.internal_auth import server_check
+from services.common.redact import redact_url
 from services.common.served import serve_instrumented
 from services.common.tasks import cancel_and_wait
 from services.common.tracing import make_tracer_provider, shutdown_tracing
@@ -69,9 +70,8 @@ class PlacerApp:
             asyncio.create_task(self._planner_loop(), name="replica-planner"),
             asyncio.create_task(self._freshness_loop(), name="freshness"),
         ]
-        log.info(
-            "placer %s listening on %s (redis %s)", self.instance_id, self.address, self.settings.redis_url
-        )
+        redis = redact_url(self.settings.redis_url)
+        log.info("placer %s listening on %s (redis %s)", self.instance_id, self.address, redis)
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Health goes NOT_SERVING, in-flight calls get grace_s to finish, then everything closes."""

@@ -22,7 +22,8 @@ class PlacerSettings:
     host: str = "127.0.0.1"
     port: int = 50051
     metrics_port: int | None = None
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # May carry a password (redis://:PASSWORD@host:port/0): out of repr, shown through redact_url.
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
     key_prefix: str = "hanzo"
     heartbeat_interval_s: float = 1.0
     node_ttl_factor: float = 3.0

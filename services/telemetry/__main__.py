@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import signal
 import sys
@@ -70,7 +69,8 @@ def main() -> int:
     except SettingsError as err:
         logger.error("bad telemetry settings: %s", err)
         return 2
-    logger.info("telemetry settings: %s", dataclasses.asdict(settings))
+    # repr, not asdict: repr leaves out the internal token (a repr=False field), asdict would log it.
+    logger.info("telemetry settings: %r", settings)
     try:
         asyncio.run(serve(settings))
     except SourceUnavailableError as err:

@@ -7,8 +7,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 import yaml
@@ -21,6 +22,11 @@ MESH_IMAGE = "hanzo-mesh"
 # Default gRPC port of each serving module (deploy/SERVICES.md); telemetry serves nothing.
 GRPC_PORTS = {"services.gateway": 50050, "services.placer": 50051, "services.worker": 50061}
 TELEMETRY = "services.telemetry"
+# The secrets compose requires (`${X:?...}`), as the tests set them; deploy/README.md has the user set them.
+COMPOSE_SECRETS: Mapping[str, str] = MappingProxyType(
+    {"HANZO_INTERNAL_TOKEN": "test-internal-token", "HANZO_REDIS_PASSWORD": "test-redis-password"}
+)
+NOTHING_SET: Mapping[str, str] = MappingProxyType({})
 
 
 class ComposeLoader(yaml.SafeLoader):
@@ -50,9 +56,35 @@ KUSTOMIZATION = yaml.safe_load((K8S / "kustomization.yaml").read_text())
 DOCKERFILE = (DEPLOY / "Dockerfile").read_text()
 
 
-def interpolate(text: str) -> str:
-    """Compose variable syntax with nothing set: ${X:-d} and ${X-d} give d, ${X} gives ""."""
-    return re.sub(r"\$\{[A-Za-z_][A-Za-z0-9_]*(?::?-([^}]*))?\}", lambda m: m.group(1) or "", text)
+class UnsetVariableError(ValueError):
+    """A `${X:?message}` (or `${X?message}`) variable is unset: compose refuses to start."""
+
+
+VARIABLE = re.compile(r"\$\$|\$\{([A-Za-z_][A-Za-z0-9_]*)(?:(:?[-?])([^}]*))?\}")
+
+
+def interpolate(text: str, environ: Mapping[str, str] = NOTHING_SET) -> str:
+    """Compose's variable syntax: ${X:-d} gives d where X is unset or empty, ${X-d} where it is unset,
+    ${X:?msg} / ${X?msg} raise UnsetVariableError likewise, ${X} gives X or "", $$ gives $."""
+
+    def value(match: re.Match[str]) -> str:
+        name, operator, argument = match.groups()
+        if name is None:
+            return "$"
+        given = environ.get(name)
+        missing = given is None or (given == "" and operator in (":-", ":?"))
+        if operator in ("?", ":?") and missing:
+            raise UnsetVariableError(f"{name}: {argument}")
+        if operator in ("-", ":-") and missing:
+            return argument
+        return given or ""
+
+    return VARIABLE.sub(value, text)
+
+
+def required_variables(text: str) -> set[str]:
+    """The variables text requires (`${X:?...}` or `${X?...}`)."""
+    return {m.group(1) for m in VARIABLE.finditer(text) if m.group(2) in ("?", ":?")}
 
 
 def dockerfile_instructions() -> list[tuple[str, str]]:
@@ -106,10 +138,11 @@ def compose_argv(service: dict[str, Any]) -> list[str]:
     return [*entrypoint, *command]
 
 
-def compose_env(service: dict[str, Any]) -> dict[str, str]:
+def compose_env(service: dict[str, Any], environ: Mapping[str, str] = COMPOSE_SECRETS) -> dict[str, str]:
+    """The service's environment as compose gives it, with the required secrets set as in environ."""
     env = service.get("environment") or {}
     assert isinstance(env, dict), "write environment as a mapping, so overrides merge by name"
-    return {k: interpolate(str(v)) for k, v in env.items()}
+    return {k: interpolate(str(v), environ) for k, v in env.items()}
 
 
 def mesh_services(module: str | None = None) -> dict[str, dict[str, Any]]:
@@ -128,6 +161,15 @@ def gpu_devices(service: dict[str, Any]) -> list[dict[str, Any]]:
 def container_port(mapping: str) -> int:
     """The container side of a compose port mapping ("HOST:CONTAINER" or "CONTAINER")."""
     return int(interpolate(str(mapping)).split(":")[-1].split("/")[0])
+
+
+def redis_clients() -> set[str]:
+    """The modules whose settings read a *_REDIS_URL (services/<name>/**/config.py)."""
+    return {
+        module
+        for module in (*GRPC_PORTS, TELEMETRY)
+        if any('"REDIS_URL"' in p.read_text() for p in ROOT.joinpath(*module.split(".")).rglob("config.py"))
+    }
 
 
 def grpc_port(module: str, env: dict[str, str]) -> int:
@@ -184,6 +226,16 @@ def k8s_env(container: dict[str, Any]) -> dict[str, Any]:
     for item in container.get("env", []):
         env[item["name"]] = item.get("value", item.get("valueFrom"))
     return env
+
+
+def secret_refs(container: dict[str, Any]) -> dict[str, tuple[str, str, bool]]:
+    """Env var -> (Secret, key, optional) for every variable the container takes from a Secret."""
+    refs = {}
+    for item in container.get("env", []):
+        ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+        if ref is not None:
+            refs[item["name"]] = (ref["name"], ref["key"], ref.get("optional", False))
+    return refs
 
 
 def mesh_containers(module: str | None = None) -> list[tuple[dict[str, Any], dict[str, Any]]]:

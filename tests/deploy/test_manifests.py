@@ -93,11 +93,14 @@ def reads_var(name: str) -> bool:
 
     The settings modules build names (p = "HANZO_PLACER_"; p + "REDIS_URL"), and telemetry derives them
     from dataclass field names (ENV_PREFIX + "node_id".upper()), so the rest counts as a quoted
-    string or, lower-cased, as a field name.
+    string or, lower-cased, as a field name. A name of no service (HANZO_INTERNAL_TOKEN) is a setting
+    they all share: services/common must name it in full.
     """
     service, rest = name.removeprefix("HANZO_").split("_", 1)
     prefix = f"HANZO_{service}_"
     package = ROOT / "services" / service.lower()
+    if not package.is_dir():
+        return any(name in path.read_text() for path in (ROOT / "services" / "common").rglob("*.py"))
     for path in package.rglob("*.py"):
         text = path.read_text()
         if name in text:
@@ -330,8 +333,12 @@ def test_k8s_addresses_point_at_services_on_the_right_ports() -> None:
         for d in K8S_DOCS
         if d["kind"] == "Service"
     }
-    for name, data in configmaps().items():
+    settings = [(f"ConfigMap {n}", data) for n, data in configmaps().items()]
+    settings += [(f"{w['metadata']['name']}/{c['name']}", k8s_env(c)) for w, c in containers()]
+    for name, data in settings:
         for key, value in data.items():
+            if not isinstance(value, str):
+                continue  # valueFrom: the downward API or a Secret
             if key.endswith("_PLACER_ADDRESS"):
                 host, port = value.split(":")
                 assert host in services and int(port) in services[host], f"{name}.{key}"

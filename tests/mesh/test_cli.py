@@ -10,11 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from services.common.redact import redact_url
 from services.common.redis_server import RedisServer
 from services.mesh.cli import build_parser
 from services.mesh.models import CHAT_MODEL, EMBED_MODEL
 from services.mesh.process import ROOT, ChildProcess, ServiceStartError
 from services.mesh.workload import PROBE_QUESTION
+from tests.mesh.test_serve import clear_redis_passwords
 
 # --- argument parsing ---------------------------------------------------------------------------
 
@@ -61,6 +63,9 @@ def test_placer_child_becomes_ready_and_stops_cleanly(tmp_path: Path, redis_serv
     finally:
         child.terminate()
         assert child.wait_or_kill(15) == 0
+    log = (tmp_path / "placer.log").read_text()
+    assert f"(redis {redact_url(redis_server.url)})" in log  # where it reads from, without the password
+    assert redis_server.password not in log
 
 
 # --- the whole demo -----------------------------------------------------------------------------
@@ -102,3 +107,6 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
     worker_models = report["meta"]["worker_models"]
     assert all(sorted(m) == sorted([CHAT_MODEL, EMBED_MODEL]) for m in worker_models.values()), worker_models
     assert f"Q: {PROBE_QUESTION}" in proc.stdout and "realtime_chat samples:" in proc.stdout
+    # The process table names the private Redis redacted; no output or service log shows its password.
+    assert "redis redis://:***@127.0.0.1:" in proc.stdout
+    assert clear_redis_passwords(tmp_path / "runs", proc.stdout, proc.stderr) == []

@@ -4,6 +4,7 @@ the model over gRPC and the OpenAI front, and stops cleanly on SIGTERM; and its 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -19,6 +20,14 @@ from services.mesh.process import ROOT
 from services.mesh.serve import access_lines, serving_models, worker_env
 
 READY_S = 240  # load time of the real model on a busy 2-core machine included
+# A Redis URL with its password in clear (anything but redact_url's ***) in printed or logged text.
+CLEAR_REDIS_PASSWORD = re.compile(r"rediss?://[^\s/@]*:(?!\*\*\*@)[^\s/@]*@")
+
+
+def clear_redis_passwords(run_root: Path, *texts: str) -> list[str]:
+    """Every Redis URL that shows its password, in texts and in the service logs under run_root."""
+    logs = [p.read_text(errors="replace") for p in run_root.rglob("*.log")]
+    return [m.group(0) for text in (*texts, *logs) for m in CLEAR_REDIS_PASSWORD.finditer(text)]
 
 
 @contextmanager
@@ -36,6 +45,9 @@ def served(tmp_path: Path, *argv: str) -> Iterator[dict[str, str]]:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=60)
         assert code == 0, log.read_text()[-4000:]
+    # The process table shows the private Redis's url (the placer's row) redacted, the logs too.
+    assert "redis redis://:***@127.0.0.1:" in log.read_text()
+    assert clear_redis_passwords(tmp_path / "runs", log.read_text()) == []
 
 
 def _access(proc: subprocess.Popen[str], log: Path) -> dict[str, str]:

@@ -18,6 +18,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.internal_auth import ENV as INTERNAL_TOKEN_ENV
 from services.common.internal_auth import HEADER
+from services.common.redis_server import PASSWORD_ENV as REDIS_PASSWORD_ENV
 from services.common.redis_server import RedisServer
 from services.mesh.process import ChildProcess
 from services.mesh.stack import KEEP_PORTS
@@ -111,19 +112,30 @@ def test_serve_answers_again_after_its_worker_is_killed(tmp_path: Path, llama_gq
                 time.sleep(0.2)
 
 
-def test_serve_rebuilds_its_view_after_redis_is_killed(tmp_path: Path, llama_gqa_dir: Path) -> None:
+def test_serve_rebuilds_its_view_after_redis_is_killed(
+    tmp_path: Path, llama_gqa_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Redis SIGKILLed: picks go on from the last snapshot while it is gone; restarted empty on its
-    port, the placer and the worker's heartbeats write the cluster state again within seconds."""
+    port with the same password, the placer and the worker's heartbeats write the cluster state again
+    within seconds. Only a client with the password reads it."""
     openai = pytest.importorskip("openai")
     import redis
+    from redis.backoff import NoBackoff
+    from redis.exceptions import AuthenticationError
+    from redis.retry import Retry
 
+    password = "supervised-redis-password"
+    monkeypatch.setenv(REDIS_PASSWORD_ENV, password)  # serve takes it instead of making one
     argv = [str(llama_gqa_dir), "--name", "tiny", "--port", "0", "--http-port", "0", "--max-model-len", "512"]
     with served(tmp_path, *argv) as lines:
         out = (tmp_path / "serve.out").read_text()
         row = re.search(r"^redis\s+(\d+)\s+127\.0\.0\.1:(\d+)", out, re.M)
         assert row is not None, out
         redis_pid, redis_port = int(row.group(1)), int(row.group(2))
-        store = redis.Redis(port=redis_port)
+        anonymous = redis.Redis(port=redis_port, retry=Retry(NoBackoff(), 0))
+        with anonymous, pytest.raises(AuthenticationError):
+            anonymous.dbsize()
+        store = redis.Redis(port=redis_port, password=password)
         assert store.dbsize() > 0  # the cluster state the placer wrote
         client = openai.OpenAI(base_url=lines["openai"], api_key=lines["api key"], max_retries=0, timeout=60)
         os.kill(redis_pid, signal.SIGKILL)
