@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/hanzo/inference/v1/*.proto)
 GENERATED := hanzo/inference/v1/placer_pb2.py
 
-.PHONY: setup redis protos kernels demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed bench-multimodel clean
+.PHONY: setup redis protos kernels demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed bench-multimodel bench-chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ bench-mesh: setup
 # fifo vs adaptive scheduling on one seeded mixed trace (batch + real-time + agent); `--quick` for < 2 min.
 bench-mixed: setup
 	$(PY) bench/mixed.py
+
+# faults: SIGKILL / SIGSTOP the services of `hanzo-mesh up` under load
+bench-chaos: setup
+	$(PY) bench/chaos.py
 
 # multi-model memory: host-copy reload vs disk vs plain copy, switch overhead, 1 worker x 3 models vs 3 workers
 bench-multimodel: setup

@@ -37,7 +37,7 @@ class GatewaySettings:
     # stateless readers of it), and pick without a network hop: a Pick RPC was over half of what the
     # gateway added to time to first token. "remote": ask the placer service per request.
     placement: str = "embedded"
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)  # may carry a password
     key_prefix: str = "hanzo"
     resync_interval_s: float = 5.0
     demand_window_s: float = 5.0

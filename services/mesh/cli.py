@@ -7,6 +7,7 @@ import asyncio
 import secrets
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from services.mesh.process import ServiceStartError
 from services.mesh.report import build_report, format_report, write_report
 from services.mesh.serve import access_lines, add_serving_arguments, serving_models, worker_env
 from services.mesh.stack import Stack, StackConfig, format_process_table, new_run_dir
+from services.mesh.supervise import Supervisor
 from services.mesh.workload import PlannedRequest, plan_workload
 
 DEFAULT_ROOT = Path(".cache/mesh")
@@ -199,12 +201,14 @@ def _demo(args: argparse.Namespace) -> int:
     stack = _stack(args)
     started = time.monotonic()
     results: list[RequestResult] = []
+    supervisor: Supervisor | None = None
     try:
         print("starting the mesh ...", flush=True)
         stack.start()
         print(f"\ngateway: {stack.gateway_address}\n{format_process_table(stack.services)}", flush=True)
         print(f"{_models_line(stack.config.models)}\n", flush=True)
-        results = asyncio.run(_drive(stack, args, plan))
+        supervisor = stack.supervisor(say=lambda line: print(line, flush=True))
+        results = _drive_supervised(stack, args, plan, supervisor)
     except ServiceStartError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -215,12 +219,41 @@ def _demo(args: argparse.Namespace) -> int:
         dead = stack.exited()
         codes = _stop(stack)
     meta = _meta(args, stack, plan, codes, dead, time.monotonic() - started)
+    meta["restarts"] = supervisor.restarts if supervisor is not None else {}
     report = build_report(results, meta)
     print("\n" + format_report(report))
     print(f"\nreport: {write_report(report, args.report).resolve()}")
+    if meta["restarts"]:
+        restarted = meta["restarts"]
+        print(f"warning: service(s) restarted during the run: {restarted}; logs in {stack.config.run_dir}")
     if dead:
         print(f"warning: service(s) exited during the run: {dead}; logs in {stack.config.run_dir}")
     return 0 if report["ok"] and not dead else 1
+
+
+def _drive_supervised(
+    stack: Stack, args: argparse.Namespace, plan: list[PlannedRequest], supervisor: Supervisor
+) -> list[RequestResult]:
+    """The workload driven from a thread of its own while this (the main) thread supervises, as `up`
+    does: a restarted service is started from the thread that outlives it (see process.py), and a
+    restart that waits for its service never stalls the driver's clock."""
+    results: list[RequestResult] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            results.extend(asyncio.run(_drive(stack, args, plan)))
+        except BaseException as exc:  # re-raised in the main thread, where the CLI reports it
+            failure.append(exc)
+
+    driver = threading.Thread(target=run, name="demo-driver", daemon=True)
+    driver.start()
+    while driver.is_alive():
+        supervisor.tick()
+        driver.join(0.2)
+    if failure:
+        raise failure[0]
+    return results
 
 
 async def _drive(stack: Stack, args: argparse.Namespace, plan: list[PlannedRequest]) -> list[RequestResult]:

@@ -94,6 +94,7 @@ def test_demo_end_to_end(tmp_path: Path) -> None:
         assert stats["requests"] >= 1 and stats["ok"] == stats["requests"], name
     assert set(report["total"]["nodes"]) == {"mesh-w1", "mesh-w2"}, report["total"]["nodes"]
     assert all(code == 0 for code in report["meta"]["exit_codes"].values()), report["meta"]["exit_codes"]
+    assert report["meta"]["restarts"] == {}  # supervised, and nothing needed restarting
     # A real model answered: the greedy probe names Paris, and there are real answers to show.
     probe = report["probe"]
     assert probe["status"] == "OK" and "Paris" in probe["answer"], probe

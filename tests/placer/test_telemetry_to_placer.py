@@ -9,7 +9,10 @@ from pathlib import Path
 from hanzo.inference.v1 import common_pb2, placer_pb2
 from services.common.redis_server import RedisServer
 from services.mesh.process import start_service
+from services.placer.pick.scorers import ScorerConfig
 from tests.placer.cluster_helpers import eventually, node_report, placer_stub
+
+NEUTRAL = ScorerConfig().no_sample_thermal_score  # the thermal score of a node with no sample
 
 
 async def test_simulated_samples_reach_the_placer(redis_server: RedisServer, tmp_path: Path) -> None:
@@ -61,4 +64,64 @@ async def test_simulated_samples_reach_the_placer(redis_server: RedisServer, tmp
     finally:
         if telemetry is not None:
             assert telemetry.stop() == 0
+        assert placer.stop() == 0
+
+
+async def test_a_dead_agents_gpu_is_scored_unknown_after_its_ttl(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The agent SIGKILLed while its node keeps heartbeating: once the sample's TTL (3 heartbeat
+    intervals) has passed, the placer scores the node's thermal headroom as unknown (neutral), never on
+    the last temperature it heard."""
+    placer = start_service(
+        "placer",
+        "services.placer",
+        {
+            "HANZO_PLACER_REDIS_URL": redis_server.url,
+            "HANZO_PLACER_PORT": "0",
+            "HANZO_PLACER_HEARTBEAT_INTERVAL_S": "0.3",  # a sample lives 0.9 s past its last update
+            "HANZO_PLACER_RESYNC_INTERVAL_S": "0.3",
+        },
+        "PLACER_READY",
+        tmp_path / "placer.log",
+    )
+    telemetry = None
+    try:
+        channel, stub = placer_stub(placer.ready["address"])
+        async with channel:
+            telemetry = start_service(
+                "telemetry",
+                "services.telemetry",
+                {
+                    "HANZO_TELEMETRY_NODE_ID": "gpu-node-1",
+                    "HANZO_TELEMETRY_PLACER_ADDRESS": placer.ready["address"],
+                    "HANZO_TELEMETRY_INTERVAL_S": "0.05",
+                    "HANZO_TELEMETRY_SOURCE": "simulated",
+                },
+                "TELEMETRY_READY",
+                tmp_path / "telemetry.log",
+            )
+
+            async def thermal_score() -> float:
+                await stub.Heartbeat(node_report("gpu-node-1", running=64))
+                reply = await stub.Pick(
+                    placer_pb2.PickRequest(
+                        model="llama-tiny", workload_class=common_pb2.WORKLOAD_CLASS_REALTIME_CHAT
+                    )
+                )
+                return reply.candidates[0].scores["thermal_headroom"]
+
+            async def sampled() -> bool:
+                return await thermal_score() != NEUTRAL
+
+            await eventually(sampled, 20, "the placer scores the agent's samples")
+            telemetry.kill()
+
+            async def unknown() -> bool:
+                return await thermal_score() == NEUTRAL
+
+            await eventually(unknown, 20, "the dead agent's GPU is scored as unknown")
+    finally:
+        if telemetry is not None:
+            telemetry.kill()
         assert placer.stop() == 0
