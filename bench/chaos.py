@@ -124,9 +124,10 @@ async def inject_while(
             if fault.injected_at is not None and now - fault.injected_at >= STOP_FOR_S:
                 resume(fault, now)
         latest = next((f for f in reversed(faults) if f.injected_at is not None), None)
-        if latest is not None and latest.whole_at is None and await is_whole(up, clients, faults):
+        settled = latest is None or recovered(latest, up)
+        if latest is not None and latest.whole_at is None and settled and await is_whole(up, clients, faults):
             latest.whole_at = time.monotonic()
-        if pending and now >= start + pending[0].at_s and await is_whole(up, clients, faults):
+        if pending and now >= start + pending[0].at_s and settled and await is_whole(up, clients, faults):
             fault = pending.pop(0)
             try:
                 inject(fault, up.services(), time.monotonic())
@@ -136,6 +137,16 @@ async def inject_while(
         await asyncio.sleep(0.1)
     for fault in faults:  # the load is over: nothing stays stopped
         resume(fault, time.monotonic())
+
+
+def recovered(fault: Fault, up: UpProcess) -> bool:
+    """The fault has been answered: a stopped worker continued, a killed service said to be back since
+    (before its supervisor even saw it exit, the mesh only looks whole)."""
+    if _stops(fault):
+        return fault.continued_at is not None
+    name = _supervised_name(fault.target)
+    at = fault.injected_at or 0.0
+    return any(t >= at and line.startswith(f"{name} is back") for t, line in up.lines)
 
 
 async def is_whole(up: UpProcess, clients: Clients, faults: list[Fault]) -> bool:

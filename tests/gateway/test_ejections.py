@@ -4,15 +4,7 @@ failure meanwhile extends it, and eject_s 0 turns ejection off."""
 from __future__ import annotations
 
 from services.gateway.ejections import Ejections
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 50.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.manual_clock import ManualClock
 
 # (seconds since the start, node ejected then or None, the nodes left out afterwards)
 STEPS = [
@@ -27,7 +19,7 @@ STEPS = [
 
 
 def test_ejections_expire_and_extend() -> None:
-    clock = Clock()
+    clock = ManualClock(50.0)
     ejections = Ejections(5.0, clock=clock)
     start = clock.now
     for at, node, expected in STEPS:

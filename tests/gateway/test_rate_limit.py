@@ -8,15 +8,7 @@ import pytest
 from services.common.errors import ResourceExhausted
 from services.gateway.config import GatewaySettings
 from services.gateway.rate_limit import RateLimiter
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
+from tests.manual_clock import ManualClock
 
 # (seconds since the start, caller, the wait refused with; None: admitted); rate 2/s, bursts of 3.
 SCHEDULE = [
@@ -36,7 +28,7 @@ SCHEDULE = [
 
 
 def test_bucket_admits_bursts_then_the_rate() -> None:
-    clock = Clock()
+    clock = ManualClock(100.0)
     limiter = RateLimiter(2.0, 3, clock=clock)
     start = clock.now
     for at, caller, wait in SCHEDULE:
