@@ -32,9 +32,9 @@ import torch
 from bench.checkpoint import DEFAULT_MODEL_DIR as DEFAULT_SMALL_DIR
 from bench.checkpoint import LLAMA_19M, ensure_checkpoint
 from bench.progress import log
+from services.common.sampling import SamplingParams
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.llm_engine import LLMEngine
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.memory.arena import Arena
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager

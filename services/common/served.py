@@ -21,7 +21,7 @@ from google.protobuf.descriptor import ServiceDescriptor
 from opentelemetry import trace
 from opentelemetry.propagate import extract
 
-from services.common.error_status import TYPED_ERRORS, retry_after_for, status_for
+from services.common.error_status import StatusMapper, service_status
 from services.common.retry_info import retry_trailers
 from services.common.tracing import local_span, records_spans, rpc_attributes
 
@@ -50,17 +50,20 @@ def serve_instrumented(
     tracer: trace.Tracer,
     authenticate: Authenticate | None = None,
     unwrapped: frozenset[str] = frozenset(),
+    status_of: StatusMapper = service_status,
 ) -> None:
     """Replace each of service's methods on servicer (an instance of its generated servicer class) by
     the wrapped one; call before add_*Servicer_to_server. Methods named in unwrapped are left as they
-    are: they trace and report each of the calls they carry themselves (a multiplexing method)."""
+    are: they trace and report each of the calls they carry themselves (a multiplexing method).
+    status_of: the status of each typed error the service raises (error_status.py)."""
     for method in service.methods:
         if method.name in unwrapped:
             continue
         behavior = getattr(servicer, method.name)
         call = _Call(
-            f"/{service.full_name}/{method.name}", service.full_name, method.name, tracer, authenticate
-        )
+            f"/{service.full_name}/{method.name}", service.full_name, method.name, tracer, authenticate,
+            status_of,
+        )  # fmt: skip
         wrapped = call.stream(behavior) if method.server_streaming else call.unary(behavior)
         setattr(servicer, method.name, wrapped)
 
@@ -75,8 +78,10 @@ class _Call:
         method: str,
         tracer: trace.Tracer,
         authenticate: Authenticate | None,
+        status_of: StatusMapper,
     ) -> None:
         self.full_method = full_method
+        self.status_of = status_of
         self.attributes = rpc_attributes(service, method)
         self.tracer = tracer
         self.authenticate = authenticate
@@ -90,7 +95,7 @@ class _Call:
                         self.authenticate(metadata)
                     reply = await behavior(request, context)
                 except BaseException as exc:
-                    await _fail(span, context, exc)
+                    await _fail(span, context, exc, self.status_of)
                 _finish(span, context)
                 return reply
 
@@ -108,7 +113,7 @@ class _Call:
                     async for item in behavior(request, context):
                         yield item
                 except BaseException as exc:
-                    await _fail(span, context, exc)
+                    await _fail(span, context, exc, self.status_of)
                 _finish(span, context)
 
         return handler
@@ -140,12 +145,15 @@ def _finish(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
     record_status(span, code, context.details())
 
 
-async def _fail(span: trace.Span, context: grpc.aio.ServicerContext, exc: BaseException) -> None:
+async def _fail(
+    span: trace.Span, context: grpc.aio.ServicerContext, exc: BaseException, status_of: StatusMapper
+) -> None:
     """Record why the call ended on its span; a typed error becomes its status (abort raises)."""
-    if isinstance(exc, TYPED_ERRORS):
-        code, details = status_for(exc)  # type: ignore[misc]  # typed errors always map
+    status = status_of(exc)
+    if status is not None:
+        code, details, retry_after_s = status
         record_status(span, code, details)
-        await context.abort(code, details, retry_trailers(code, details, retry_after_for(exc)))
+        await context.abort(code, details, retry_trailers(code, details, retry_after_s))
     if isinstance(exc, grpc.aio.AbortError):  # the handler called context.abort() itself
         record_status(span, context.code() or grpc.StatusCode.UNKNOWN, context.details())
     elif isinstance(exc, asyncio.CancelledError | GeneratorExit):  # the caller went away

@@ -8,12 +8,12 @@ from collections.abc import Sequence
 from hanzo.inference.v1 import inference_pb2
 from services.common.chat import template_inputs
 from services.common.errors import InvalidArgument
-from services.worker.server.convert import sampling_params
+from services.common.sampling import sampling_params
 
 
 def validate_generate(request: inference_pb2.GenerateRequest) -> str | Sequence[int]:
     """The request's prefix-affinity key: the prompt (text or token ids), or for a chat the text of its
-    opening (opening_key); InvalidArgument (or InvalidRequestError) naming the field for bad input."""
+    opening (opening_key); InvalidArgument naming the field for bad input."""
     if not request.model:
         raise InvalidArgument("model", "is empty; name a model (ListModels shows them)")
     which = request.WhichOneof("input")
@@ -27,7 +27,7 @@ def validate_generate(request: inference_pb2.GenerateRequest) -> str | Sequence[
         key = request.prompt if which == "prompt" else request.prompt_token_ids.ids
         if not key:
             raise InvalidArgument("prompt", "is empty; send text or at least one token id")
-    sampling_params(request.sampling)  # raises InvalidRequestError (-> INVALID_ARGUMENT) naming the field
+    sampling_params(request.sampling)  # the worker's own check: InvalidArgument naming the field
     return key
 
 

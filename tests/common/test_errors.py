@@ -7,7 +7,6 @@ import grpc
 import pytest
 from google.rpc import error_details_pb2, status_pb2
 
-from services.common.error_status import retry_after_for, status_for
 from services.common.errors import InvalidArgument, ResourceExhausted
 from services.common.retry_info import (
     DETAILS_KEY,
@@ -16,6 +15,7 @@ from services.common.retry_info import (
     retry_trailers,
 )
 from services.worker.engine.errors import AdmissionError
+from services.worker.server.error_status import worker_status
 
 
 @pytest.mark.parametrize("seconds", [0.0, 0.05, 1.0, 2.25, 60.0])
@@ -53,6 +53,7 @@ def test_trailers_without_retry_info_ask_for_no_delay(trailers, expected) -> Non
     ],
 )
 def test_refusals_carry_their_delay_beside_a_plain_message(exc: BaseException, delay: float | None) -> None:
-    _, message = status_for(exc)  # type: ignore[misc]
-    assert retry_after_for(exc) == delay
+    status = worker_status(exc)
+    assert status is not None and status.retry_after_s == delay
+    message = status.message
     assert "retry after" not in message  # the delay is RetryInfo's job, not the message's

@@ -12,7 +12,7 @@ import re
 import grpc
 from pydantic import ValidationError
 
-from services.common.error_status import retry_after_for, status_for
+from services.common.error_status import service_status
 
 log = logging.getLogger(__name__)
 
@@ -82,11 +82,11 @@ def from_exception(exc: BaseException) -> HttpError:
     """The HTTP error for whatever the request path raised; a bug (untyped) is a 500 and is logged."""
     if isinstance(exc, HttpError):
         return exc
-    mapped = status_for(exc)
+    mapped = service_status(exc)
     if mapped is None:
         log.error("HTTP request failed unexpectedly", exc_info=exc)
         return HttpError(500, f"{type(exc).__name__}: {exc}", "server_error")
-    code, message = mapped
+    code, message, hinted = mapped
     status, type_, error_code = _STATUS.get(code, _SERVER_ERROR)
     headers: dict[str, str] = {}
     param = getattr(exc, "field", None)
@@ -98,14 +98,12 @@ def from_exception(exc: BaseException) -> HttpError:
             error_code = "context_length_exceeded"
     elif code == grpc.StatusCode.NOT_FOUND:
         param = "model"
-    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED:
-        hinted = retry_after_for(exc)
-        if hinted is not None:
-            # Retry-After is whole seconds (RFC 9110); OpenAI's SDKs read the exact hint from -ms first.
-            headers = {
-                "retry-after": str(max(1, math.ceil(hinted))),
-                "retry-after-ms": str(int(hinted * 1000)),
-            }
+    elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and hinted is not None:
+        # Retry-After is whole seconds (RFC 9110); OpenAI's SDKs read the exact hint from -ms first.
+        headers = {
+            "retry-after": str(max(1, math.ceil(hinted))),
+            "retry-after-ms": str(int(hinted * 1000)),
+        }
     return HttpError(status, message, type_, _openai_param(param), error_code, headers)
 
 

@@ -1,7 +1,8 @@
 """The worker's inference engine: continuous batching over a paged KV cache.
 
-Names are resolved on first use (PEP 562), so a process that only needs the light modules (the gateway
-validates with the errors and sampling parameters) does not import torch and carry its objects."""
+Names are resolved on first use (PEP 562), so a process that only needs the light modules (the errors)
+does not import torch and carry its objects. SamplingParams lives in services/common/sampling.py (the
+gateway validates with it) and is part of the engine's API as vLLM's is of vLLM's."""
 
 from __future__ import annotations
 
@@ -9,12 +10,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from services.common.sampling import SamplingParams
     from services.worker.engine.config import EngineConfig
     from services.worker.engine.errors import EngineError, InvalidRequestError
     from services.worker.engine.llm import LLM, CompletionOutput
     from services.worker.engine.llm_engine import LLMEngine
     from services.worker.engine.outputs import RequestOutput
-    from services.worker.engine.sampling_params import SamplingParams
 
 _HOMES = {
     "LLM": "llm",
@@ -24,7 +25,7 @@ _HOMES = {
     "InvalidRequestError": "errors",
     "LLMEngine": "llm_engine",
     "RequestOutput": "outputs",
-    "SamplingParams": "sampling_params",
+    "SamplingParams": "services.common.sampling",
 }
 
 __all__ = [
@@ -43,4 +44,4 @@ def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    return getattr(importlib.import_module(home if "." in home else f"{__name__}.{home}"), name)

@@ -31,11 +31,11 @@ from typing import Any, TypeVar
 
 import torch
 
+from services.common.sampling import SamplingParams
 from services.worker.engine.errors import EngineDeadError, InvalidRequestError
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.outputs import RequestOutput, merge
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.step_interrupts import StepInterrupts
 
 log = logging.getLogger(__name__)

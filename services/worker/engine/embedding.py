@@ -31,7 +31,8 @@ from services.worker.memory.placement import (
     module_tensor_specs,
 )
 from services.worker.models.catalog import default_model_name
-from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
+from services.worker.models.config import load_model_config
+from services.worker.models.config_types import DecoderConfig, EncoderConfig
 from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 
 

@@ -1,16 +1,18 @@
-"""Typed engine errors; the gRPC layer maps each class to one status code."""
+"""Typed engine errors; the worker's gRPC layer maps each class to one status code
+(services/worker/server/error_status.py)."""
+
+from __future__ import annotations
+
+from services.common.errors import InvalidArgument
 
 
 class EngineError(Exception):
     """Base class of every error the engine raises on purpose."""
 
 
-class InvalidRequestError(EngineError, ValueError):
-    """The request itself is wrong (maps to INVALID_ARGUMENT). `field` names the offending input."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field = field
+class InvalidRequestError(EngineError, InvalidArgument):
+    """The request itself is wrong: INVALID_ARGUMENT, as every service's InvalidArgument (`field` names
+    the offending input), raised by the engine."""
 
 
 class RequestNotFoundError(EngineError, KeyError):

@@ -7,10 +7,10 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common.sampling import SamplingParams
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.errors import InvalidRequestError
 from services.worker.engine.llm_engine import LLMEngine
-from services.worker.engine.sampling_params import SamplingParams
 
 
 @dataclass

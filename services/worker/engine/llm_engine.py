@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from services.common.sampling import SamplingParams
 from services.common.workload import WorkloadClass
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.config import EngineConfig, EngineLayout, default_kv_bytes
@@ -24,7 +25,6 @@ from services.worker.engine.kv_resize import KVPoolResizing
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.outputs import RequestOutput, TextState, make_output
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduled_batch import ScheduledBatch
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.scheduler_config import SchedulerConfig
@@ -41,7 +41,8 @@ from services.worker.memory.placement import (
     load_into_partition,
 )
 from services.worker.models.catalog import default_model_name
-from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
+from services.worker.models.config import load_model_config
+from services.worker.models.config_types import DecoderConfig, EncoderConfig
 from services.worker.models.linear import pack_model, unpack_model
 from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from services.common.sampling import SamplingParams
 from services.worker.engine.llm import LLM
-from services.worker.engine.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from services.worker.engine.sampling_params import SamplingParams
+from services.common.sampling import SamplingParams
 
 
 class Sampler:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import enum
 import time
 
+from services.common.sampling import SamplingParams
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
-from services.worker.engine.sampling_params import SamplingParams
 
 
 class SequenceStatus(enum.Enum):

@@ -10,7 +10,7 @@ import torch
 from services.worker.memory.allocator import ByteRange
 from services.worker.memory.arena import Arena
 from services.worker.memory.weights import WeightLayout
-from services.worker.models.config import DecoderConfig, EncoderConfig
+from services.worker.models.config_types import DecoderConfig, EncoderConfig
 from services.worker.models.tokenizer import Tokenizer
 
 

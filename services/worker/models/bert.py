@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.models.checkpoint import check_duplicate, check_shape, reject_unexpected, require_all
-from services.worker.models.config import EncoderConfig
+from services.worker.models.config_types import EncoderConfig
 
 # BertModel's pooler and BertForMaskedLM's / BertForPreTraining's heads are not used for embeddings.
 _IGNORED_PREFIXES = ("pooler.", "cls.")

@@ -1,13 +1,15 @@
-"""Typed model configs parsed from a Hugging Face checkpoint directory (config.json and friends)."""
+"""Model configs (config_types.py) parsed from a Hugging Face checkpoint directory (config.json and
+friends), or from a GGUF file's metadata (gguf_config.py)."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.worker.models.config_types import DecoderConfig, EncoderConfig
 from services.worker.models.errors import CheckpointError
+from services.worker.models.gguf_config import gguf_decoder_config
 from services.worker.models.gguf_file import is_gguf_path, read_gguf
 
 DECODER_ARCHITECTURES = frozenset({"LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"})
@@ -28,67 +30,6 @@ _POOLING_MODES = {
 _ENCODER_ACTS = frozenset({"gelu", "gelu_new", "gelu_pytorch_tanh", "relu"})
 
 
-@dataclass(frozen=True)
-class DecoderConfig:
-    """A Llama-family decoder (Llama, Mistral, Qwen2).
-
-    head_dim: per-head width (config's head_dim, else hidden_size / num_attention_heads).
-    rope_scaling: None (plain RoPE) or a dict with rope_type "llama3" and its four keys.
-    attention_bias: q/k/v projections have a bias (Qwen2 always). o_proj_bias: o_proj has one too
-    (Llama's attention_bias covers all four projections, Qwen2's bias covers q/k/v only).
-    sliding_window: the checkpoint's window, None when none is active. We do not implement sliding
-    windows, so max_model_len is capped at the window where the two would differ.
-    eos_token_ids: generation_config.json's eos ids if given, else config.json's; empty if neither.
-    """
-
-    architecture: str
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    rope_theta: float
-    rope_scaling: dict[str, Any] | None = field(hash=False)
-    max_position_embeddings: int
-    max_model_len: int
-    tie_word_embeddings: bool
-    attention_bias: bool
-    o_proj_bias: bool
-    mlp_bias: bool
-    sliding_window: int | None
-    torch_dtype: str | None
-    eos_token_ids: frozenset[int]
-    bos_token_id: int | None
-
-
-@dataclass(frozen=True)
-class EncoderConfig:
-    """A BERT-family sentence encoder.
-
-    pooling: "mean" (over non-pad tokens), "cls" or "max". normalize: L2-normalise the pooled vector.
-    max_seq_length: longest input in tokens (sentence-transformers' limit if given, else positions).
-    """
-
-    architecture: str
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    intermediate_size: int
-    hidden_act: str
-    layer_norm_eps: float
-    max_position_embeddings: int
-    type_vocab_size: int
-    pad_token_id: int
-    pooling: str
-    normalize: bool
-    max_seq_length: int
-
-
 def load_model_config(model_dir: Path) -> DecoderConfig | EncoderConfig:
     """Parse model_dir/config.json (+ generation_config.json or sentence-transformers files), or, when
     model_dir is a GGUF file (gguf_file.is_gguf_path), that file's metadata.
@@ -98,9 +39,6 @@ def load_model_config(model_dir: Path) -> DecoderConfig | EncoderConfig:
     """
     model_dir = Path(model_dir)
     if is_gguf_path(model_dir):
-        # Imported on use: gguf_config imports this module (for DecoderConfig).
-        from services.worker.models.gguf_config import gguf_decoder_config
-
         return gguf_decoder_config(read_gguf(model_dir))
     if not model_dir.is_dir():
         raise CheckpointError(model_dir, "model directory does not exist")

@@ -10,7 +10,7 @@ import time
 
 import torch
 
-from services.worker.models.config import DecoderConfig, EncoderConfig
+from services.worker.models.config_types import DecoderConfig, EncoderConfig
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.worker.models.config import DecoderConfig
+from services.worker.models.config_types import DecoderConfig
 from services.worker.models.errors import CheckpointError
 from services.worker.models.gguf_file import GGUFFile
 

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from services.worker.models.checkpoint import check_shape, require_all
-from services.worker.models.config import DecoderConfig
+from services.worker.models.config_types import DecoderConfig
 from services.worker.models.errors import CheckpointError
 from services.worker.models.linear import (
     Linear,

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from services.worker.models.checkpoint import iter_safetensors
-from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
+from services.worker.models.config import load_model_config
+from services.worker.models.config_types import DecoderConfig, EncoderConfig
 from services.worker.models.errors import CheckpointError
 from services.worker.models.gguf_file import is_gguf_path, read_gguf
 from services.worker.models.tokenizer import Tokenizer

@@ -20,6 +20,7 @@ from services.common.tasks import cancel_and_wait
 from services.common.tracing import make_tracer_provider, shutdown_tracing
 from services.worker.models.errors import CheckpointError
 from services.worker.server.config import WorkerSettings
+from services.worker.server.error_status import worker_status
 from services.worker.server.heartbeat import Heartbeat, node_report
 from services.worker.server.host import ModelHost
 from services.worker.server.metrics import WorkerMetrics
@@ -46,7 +47,14 @@ class WorkerApp:
         tracer = self.tracer_provider.get_tracer("hanzo.worker")
         check = server_check(settings.internal_token, "worker")
         self.servicer = WorkerServicer(self.node_id, self.host, self.metrics, tracer, check)
-        serve_instrumented(self.servicer, SERVICE, tracer, check, unwrapped=frozenset({"GenerateStreams"}))
+        serve_instrumented(
+            self.servicer,
+            SERVICE,
+            tracer,
+            check,
+            unwrapped=frozenset({"GenerateStreams"}),
+            status_of=worker_status,
+        )
         worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.metrics_port: int | None = None

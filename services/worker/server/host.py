@@ -22,7 +22,7 @@ from services.worker.memory.errors import KVTransferError, ModelBusyError, OutOf
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
 from services.worker.models.catalog import resolve_model_source
-from services.worker.models.config import EncoderConfig
+from services.worker.models.config_types import EncoderConfig
 from services.worker.server.config import WorkerSettings
 from services.worker.server.model_builder import EMBED, GENERATE, ServedModel, build_model
 

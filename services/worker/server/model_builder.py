@@ -16,7 +16,8 @@ from services.worker.engine.llm_engine import LLMEngine
 from services.worker.memory.errors import format_bytes
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
-from services.worker.models.config import EncoderConfig, load_model_config
+from services.worker.models.config import load_model_config
+from services.worker.models.config_types import EncoderConfig
 from services.worker.models.dtype_choice import resolve_dtype
 from services.worker.server.config import WorkerSettings
 

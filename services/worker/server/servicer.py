@@ -11,6 +11,7 @@ from opentelemetry import trace
 
 from hanzo.inference.v1 import inference_pb2, placer_pb2, worker_pb2, worker_pb2_grpc
 from services.common.errors import ResourceExhausted, Unauthenticated
+from services.common.sampling import sampling_params
 from services.common.served import Authenticate
 from services.common.tracing import record_span
 from services.common.workload import WorkloadClass
@@ -18,7 +19,7 @@ from services.worker.engine.errors import AdmissionError
 from services.worker.engine.outputs import RequestOutput
 from services.worker.engine.policy.classes import SchedulingHints
 from services.worker.server.chat import chat_prompt
-from services.worker.server.convert import FINISH_REASONS, prompt_of, sampling_params
+from services.worker.server.convert import FINISH_REASONS, prompt_of
 from services.worker.server.host import ModelHost
 from services.worker.server.metrics import WorkerMetrics
 from services.worker.server.streams import StreamSession
@@ -57,10 +58,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 self.authenticate(dict(context.invocation_metadata() or ()))
             except Unauthenticated as refused:
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refused))
-        session = StreamSession(self, self.tracer)
-        self.sessions.add(session)  # it leaves the set when its call ends
-        async for events in session.run(requests):
-            yield events
+        session = StreamSession(self.generate, self.node_id, lambda: self.draining, self.tracer)
+        self.sessions.add(session)
+        try:
+            async for events in session.run(requests):
+                yield events
+        finally:
+            self.sessions.discard(session)  # the call has ended
 
     def drain(self) -> None:
         """Refuse new streams (UNAVAILABLE, so the gateway retries elsewhere) and let every stream link
@@ -73,7 +77,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self, request: inference_pb2.GenerateRequest, deadline: float | None
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         """One request's responses, as Generate streams them; deadline: a time.monotonic() instant the
-        scheduler orders by (None: the caller set none). Raises typed errors (see error_status)."""
+        scheduler orders by (None: the caller set none). Raises typed errors (see error_status.py)."""
         llm = self.host.generator(request.model)
         params = sampling_params(request.sampling)
         if request.WhichOneof("input") == "chat":

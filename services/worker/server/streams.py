@@ -14,20 +14,22 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from opentelemetry import trace
 
-from hanzo.inference.v1 import worker_pb2
-from services.common.error_status import retry_after_for, status_for
+from hanzo.inference.v1 import inference_pb2, worker_pb2
+from services.common.error_status import ErrorStatus
 from services.common.retry_info import status_details
 from services.common.served import record_status, server_span
 from services.common.tracing import rpc_attributes
+from services.worker.server.error_status import worker_status
 
-if TYPE_CHECKING:
-    from services.worker.server.servicer import WorkerServicer
+# One request's responses, as a Generate call streams them: (request, deadline as time.monotonic()).
+Generate = Callable[
+    [inference_pb2.GenerateRequest, float | None], AsyncIterator[inference_pb2.GenerateResponse]
+]
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +44,13 @@ class StreamSession:
     The call ends when the caller has stopped writing, or the worker is draining, and every stream has
     ended; a cancelled call (the caller went away) cancels its streams, which aborts their requests."""
 
-    def __init__(self, servicer: WorkerServicer, tracer: trace.Tracer) -> None:
-        self.servicer = servicer
+    def __init__(
+        self, generate: Generate, node_id: str, draining: Callable[[], bool], tracer: trace.Tracer
+    ) -> None:
+        """generate: the servicer's request path; draining: whether the worker refuses new streams."""
+        self.generate = generate
+        self.node_id = node_id
+        self.draining = draining
         self.tracer = tracer
         self._streams: dict[int, asyncio.Task[None]] = {}
         self._events: asyncio.Queue[worker_pb2.StreamEvent | None] = asyncio.Queue()  # None: look again
@@ -73,10 +80,9 @@ class StreamSession:
             reader.cancel()
             for task in list(self._streams.values()):
                 task.cancel()  # the caller is gone: abort what it started, freeing the KV at once
-            self.servicer.sessions.discard(self)
 
     def _ended(self) -> bool:
-        return (not self._reading or self.servicer.draining) and not self._streams and self._events.empty()
+        return (not self._reading or self.draining()) and not self._streams and self._events.empty()
 
     async def _read(self, requests: AsyncIterator[worker_pb2.StreamRequest]) -> None:
         try:
@@ -98,8 +104,8 @@ class StreamSession:
             self.wake()
 
     def _start(self, stream_id: int, start: worker_pb2.StreamStart) -> None:
-        if self.servicer.draining:
-            self._end(stream_id, grpc.StatusCode.UNAVAILABLE, f"worker {self.servicer.node_id} is draining")
+        if self.draining():
+            self._end(stream_id, grpc.StatusCode.UNAVAILABLE, f"worker {self.node_id} is draining")
         elif stream_id in self._streams:
             self._end(
                 stream_id, grpc.StatusCode.INVALID_ARGUMENT, f"stream_id {stream_id} is in use on this call"
@@ -117,7 +123,7 @@ class StreamSession:
         with server_span(self.tracer, _SPAN_NAME, _SPAN_ATTRIBUTES, start.trace_context) as span:
             try:
                 async with asyncio.timeout(timeout_s):
-                    async for response in self.servicer.generate(start.request, deadline):
+                    async for response in self.generate(start.request, deadline):
                         self._events.put_nowait(
                             worker_pb2.StreamEvent(stream_id=stream_id, response=response)
                         )
@@ -131,13 +137,12 @@ class StreamSession:
                 code, details = grpc.StatusCode.DEADLINE_EXCEEDED, "the caller's deadline passed"
                 retry_after_s = None
             except Exception as exc:
-                retry_after_s = retry_after_for(exc)
-                mapped = status_for(exc)
+                mapped = worker_status(exc)
                 if mapped is None:  # a bug: answered UNKNOWN with its text, as a Generate call would be
                     log.exception("stream %d failed", stream_id)
                     span.record_exception(exc)
-                    mapped = grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}"
-                code, details = mapped
+                    mapped = ErrorStatus(grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
+                code, details, retry_after_s = mapped
             record_status(span, code, details)
         self._streams.pop(stream_id, None)
         self._end(stream_id, code, details, retry_after_s)

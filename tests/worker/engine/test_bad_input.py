@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from services.common.errors import InvalidArgument
 from services.worker.engine import LLM, InvalidRequestError, LLMEngine, SamplingParams
 from services.worker.engine.async_llm import AsyncLLM
 from services.worker.engine.config import EngineConfig
@@ -26,7 +27,7 @@ from services.worker.engine.config import EngineConfig
     ],
 )
 def test_bad_sampling_params(kwargs: dict, field: str) -> None:
-    with pytest.raises(InvalidRequestError) as err:
+    with pytest.raises(InvalidArgument) as err:  # services/common/sampling.py: the gateway's check too
         SamplingParams(**kwargs)
     assert err.value.field == field
     assert field in str(err.value)

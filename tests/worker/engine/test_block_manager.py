@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from services.common.sampling import SamplingParams
 from services.worker.engine.block_manager import BlockManager
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.sequence import Sequence
 
 

@@ -10,13 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from services.common.sampling import SamplingParams
 from services.common.workload import WorkloadClass
 from services.worker.engine.async_llm import AsyncLLM, _Abort, _Add
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.outputs import RequestOutput
 from services.worker.engine.policy.classes import PolicyName, SchedulingHints
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.sequence import SequenceStatus
 from services.worker.engine.step_interrupts import StepInterrupts
 from services.worker.server.metrics import WorkerMetrics

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from services.common.sampling import SamplingParams
 from services.common.workload import WorkloadClass
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.policy.classes import SchedulingHints
-from services.worker.engine.sampling_params import SamplingParams
 from tests.worker.engine.reference import mixed_prompts
 
 BATCH = SchedulingHints(workload=WorkloadClass.BATCH, tenant="docs")

@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from services.common.sampling import SamplingParams
 from services.common.workload import WorkloadClass
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.errors import AdmissionError
@@ -17,7 +18,6 @@ from services.worker.engine.policy.classes import (
     PolicyConfig,
     SchedulingHints,
 )
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduled_batch import ScheduledBatch
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.scheduler_config import SchedulerConfig

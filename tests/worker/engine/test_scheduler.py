@@ -9,10 +9,10 @@ import random
 
 import pytest
 
+from services.common.sampling import SamplingParams
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.errors import InvalidRequestError
 from services.worker.engine.policy.classes import PolicyConfig, PolicyName
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.scheduled_batch import ScheduledBatch
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.scheduler_config import SchedulerConfig

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.worker.engine.sampling_params import SamplingParams
+from services.common.sampling import SamplingParams
 from services.worker.engine.sequence import FinishReason, Sequence
 from services.worker.engine.stopping import check_stop
 

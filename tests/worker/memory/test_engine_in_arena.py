@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from services.common.sampling import SamplingParams
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.llm_engine import LLMEngine
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.memory.allocator import ByteRange
 from services.worker.memory.arena import Arena
 from services.worker.memory.errors import ModelAlreadyResidentError, OutOfMemoryError

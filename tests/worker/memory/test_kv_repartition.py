@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from services.common.sampling import SamplingParams
 from services.worker.engine import kv_cache
 from services.worker.engine.async_llm import AsyncLLM
 from services.worker.engine.block_manager import BlockManager, BlocksInUseError
 from services.worker.engine.kv_cache import KVCacheSpec, kv_cache_views, relayout_kv_pool
 from services.worker.engine.kv_repartition import kv_bytes_to_move, move_kv_blocks
 from services.worker.engine.llm_engine import LLMEngine
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.engine.sequence import Sequence
 from services.worker.memory.allocator import ByteRange
 from services.worker.memory.arena import Arena

@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from services.worker.models.config import DecoderConfig, EncoderConfig, load_model_config
+from services.worker.models.config import load_model_config
+from services.worker.models.config_types import DecoderConfig, EncoderConfig
 from services.worker.models.errors import CheckpointError
 
 LLAMA: dict[str, Any] = {

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from services.worker.models.catalog import resolve_model_source
-from services.worker.models.config import DecoderConfig, load_model_config
+from services.worker.models.config import load_model_config
+from services.worker.models.config_types import DecoderConfig
 from services.worker.models.gguf_config import gguf_decoder_config
 from services.worker.models.gguf_file import is_gguf_path, read_gguf
 from tests.worker.models.gguf_builders import TINY_VOCAB, tiny_model_gguf

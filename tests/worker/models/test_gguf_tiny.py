@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
+from services.common.sampling import SamplingParams
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.llm_engine import LLMEngine
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.memory.arena import Arena
 from services.worker.memory.manager import MemoryManager
 from services.worker.memory.weights import checkpoint_tensor_specs, weight_bytes_of

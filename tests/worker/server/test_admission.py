@@ -16,13 +16,13 @@ import grpc
 import pytest
 
 from hanzo.inference.v1 import common_pb2, inference_pb2, worker_pb2_grpc
-from services.common.error_status import retry_after_for, status_for
 from services.common.errors import ResourceExhausted
 from services.common.retry_info import retry_after_of
 from services.common.workload import WorkloadClass
 from services.worker.engine.errors import AdmissionError
 from services.worker.server.app import WorkerApp
 from services.worker.server.config import WorkerSettings, parse_class_policies
+from services.worker.server.error_status import worker_status
 from tests.placer.cluster_helpers import eventually
 from tests.worker.server.serving import no_placer, serving
 
@@ -68,8 +68,8 @@ async def rest_of(call: grpc.aio.UnaryStreamCall) -> list[inference_pb2.Generate
 def test_admission_errors_are_answered_as_the_workers_own_refusal() -> None:
     refusal = AdmissionError("the BATCH queue is full", retry_after_s=2.25, reason=AdmissionError.QUEUE_FULL)
     ours = ResourceExhausted("the BATCH queue is full", retry_after_s=2.25)
-    assert status_for(refusal) == status_for(ours) == (grpc.StatusCode.RESOURCE_EXHAUSTED, str(ours))
-    assert retry_after_for(refusal) == retry_after_for(ours) == 2.25
+    expected = (grpc.StatusCode.RESOURCE_EXHAUSTED, str(ours), 2.25)
+    assert worker_status(refusal) == worker_status(ours) == expected
 
 
 async def test_a_full_class_queue_refuses_and_loses_nothing_accepted(tmp_path, llama_gqa_dir) -> None:

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from services.common.errors import NotFound, ResourceExhausted
+from services.common.sampling import SamplingParams
 from services.worker.engine.llm import LLM
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.models.synthetic import make_decoder_checkpoint
 from services.worker.server.config import WorkerSettings
 from services.worker.server.host import ModelHost

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from hanzo.inference.v1 import common_pb2, inference_pb2, worker_pb2, worker_pb2_grpc
+from services.common.sampling import SamplingParams
 from services.worker.engine.embedding import EmbeddingEngine
 from services.worker.engine.llm import LLM
-from services.worker.engine.sampling_params import SamplingParams
 from services.worker.models.synthetic import make_decoder_checkpoint
 from services.worker.server.app import WorkerApp
 from services.worker.server.config import WorkerSettings

@@ -1,10 +1,13 @@
-"""Per-request sampling parameters, validated at construction."""
+"""Per-request sampling parameters, validated at construction: the engine samples with them, and the
+gateway builds them from a request (sampling_params) to refuse bad values before placing it, so both
+apply the same rules."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.worker.engine.errors import InvalidRequestError
+from hanzo.inference.v1 import inference_pb2
+from services.common.errors import InvalidArgument
 
 
 @dataclass(frozen=True)
@@ -35,23 +38,39 @@ class SamplingParams:
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise InvalidRequestError("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+            raise InvalidArgument("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise InvalidRequestError(
+            raise InvalidArgument(
                 "min_tokens",
                 f"must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}",
             )
         if self.temperature < 0:
-            raise InvalidRequestError("temperature", f"must be >= 0 (0 is greedy), got {self.temperature}")
+            raise InvalidArgument("temperature", f"must be >= 0 (0 is greedy), got {self.temperature}")
         if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequestError("top_p", f"must be in (0, 1], got {self.top_p}")
+            raise InvalidArgument("top_p", f"must be in (0, 1], got {self.top_p}")
         if self.top_k is not None and self.top_k < 1:
-            raise InvalidRequestError("top_k", f"must be >= 1 or unset, got {self.top_k}")
+            raise InvalidArgument("top_k", f"must be >= 1 or unset, got {self.top_k}")
         if any(not s for s in self.stop):
-            raise InvalidRequestError("stop", "stop strings must be non-empty")
+            raise InvalidArgument("stop", "stop strings must be non-empty")
         if any(t < 0 for t in self.stop_token_ids):
-            raise InvalidRequestError("stop_token_ids", "token ids must be >= 0")
+            raise InvalidArgument("stop_token_ids", "token ids must be >= 0")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def sampling_params(proto: inference_pb2.SamplingParams) -> SamplingParams:
+    """A request's sampling parameters; unset fields keep the defaults. InvalidArgument on bad values."""
+    kwargs: dict[str, object] = {
+        "stop": tuple(proto.stop),
+        "stop_token_ids": tuple(proto.stop_token_ids),
+        "ignore_eos": proto.ignore_eos,
+        "min_tokens": proto.min_tokens,
+    }
+    for name in ("temperature", "top_p", "max_tokens", "seed"):
+        if proto.HasField(name):
+            kwargs[name] = getattr(proto, name)
+    if proto.HasField("top_k") and proto.top_k > 0:
+        kwargs["top_k"] = proto.top_k
+    return SamplingParams(**kwargs)  # type: ignore[arg-type]
