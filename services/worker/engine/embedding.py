@@ -19,21 +19,16 @@ import numpy as np
 import torch
 
 from services.worker.engine.errors import EngineDeadError, InvalidRequestError
+from services.worker.engine.model_placement import place_model
 from services.worker.memory.errors import ModelEvictedError
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
 from services.worker.memory.partition import Partition
 from services.worker.memory.placement import (
-    PlacedModel,
     evict_to_host,
-    load_from_host_copy,
-    load_into_partition,
     module_tensor_specs,
 )
-from services.worker.models.catalog import default_model_name
-from services.worker.models.config import load_model_config
 from services.worker.models.config_types import DecoderConfig, EncoderConfig
-from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 
 
 @dataclass
@@ -64,20 +59,14 @@ class EmbeddingEngine:
         self.device = torch.device(device)
         self.max_batch_tokens = max_batch_tokens
         self.memory = memory
-        self.partition: Partition | None = None  # None: not in an arena, or evicted
-        self._placed: PlacedModel | None = None
-        if isinstance(model_dir, HostCopy):
-            if memory is None:
-                raise ValueError("an encoder is rebuilt from a host copy only in an arena; pass memory=")
-            self.model_name: str | None = model_name or model_dir.model
-            loaded = self._load_in_arena(model_dir, dtype, memory, self.model_name)
-        elif memory is None:
-            self.model_name = model_name
-            loaded = load_model(model_dir, dtype=dtype, device=device)
-        else:
-            self.model_name = model_name or default_model_name(model_dir)
-            loaded = self._load_in_arena(model_dir, dtype, memory, self.model_name)
-        self.config: EncoderConfig = _encoder_config(loaded.config, loaded.model_dir)
+        placement = place_model(
+            model_dir, _encoder_config, dtype=dtype, device=self.device, memory=memory, model_name=model_name
+        )
+        self.model_name, self._placed = placement.name, placement.placed
+        # None: not in an arena, or evicted.
+        self.partition: Partition | None = self._placed.partition if self._placed else None
+        loaded = placement.loaded
+        self.config: EncoderConfig = placement.config
         assert loaded.tokenizer is not None  # the loader requires one for encoders; a host copy keeps it
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
@@ -165,24 +154,6 @@ class EmbeddingEngine:
                 self._closed = True
                 self._jobs.put(None)
         self._thread.join()
-
-    def _load_in_arena(
-        self, source: str | Path | HostCopy, dtype: str, memory: MemoryManager, name: str
-    ) -> LoadedModel:
-        """Build the encoder in a new partition with no KV pool: from the checkpoint, or from a host copy
-        in one bulk copy. The config is checked first, so a decoder never gets a partition."""
-        if memory.arena.device != self.device:
-            raise ValueError(f"the engine runs on {self.device} but the arena is on {memory.arena.device}")
-        if isinstance(source, HostCopy):
-            if source.dtype != parse_dtype(dtype):
-                raise ValueError(f"the host copy holds {source.dtype}, the engine is configured for {dtype}")
-            _encoder_config(source.config, source.model_dir)
-            self._placed = load_from_host_copy(memory, name, source, kv_bytes=0)
-        else:
-            _encoder_config(load_model_config(Path(source)), source)
-            self._placed = load_into_partition(memory, name, source, dtype, kv_bytes=0)
-        self.partition = self._placed.partition
-        return self._placed.loaded
 
     def _tokenize(self, texts: list[str]) -> list[list[int]]:
         if isinstance(texts, str) or not isinstance(texts, list | tuple):

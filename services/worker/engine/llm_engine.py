@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -13,15 +13,10 @@ import torch
 from services.common.sampling import SamplingParams
 from services.common.workload import WorkloadClass
 from services.worker.engine.block_manager import BlockManager
-from services.worker.engine.config import EngineConfig, EngineLayout, default_kv_bytes
+from services.worker.engine.config import EngineConfig, EngineLayout
 from services.worker.engine.errors import InvalidRequestError
-from services.worker.engine.kv_cache import (
-    KVCaches,
-    KVCacheSpec,
-    allocate_kv_caches,
-    kv_cache_views,
-)
-from services.worker.engine.kv_resize import KVPoolResizing
+from services.worker.engine.kv_pool import KVPool, kv_spec, plan_layout
+from services.worker.engine.model_placement import place_model
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.outputs import RequestOutput, TextState, make_output
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
@@ -37,14 +32,9 @@ from services.worker.memory.partition import Partition
 from services.worker.memory.placement import (
     PlacedModel,
     evict_to_host,
-    load_from_host_copy,
-    load_into_partition,
 )
-from services.worker.models.catalog import default_model_name
-from services.worker.models.config import load_model_config
 from services.worker.models.config_types import DecoderConfig, EncoderConfig
 from services.worker.models.linear import pack_model, unpack_model
-from services.worker.models.loader import LoadedModel, load_model, parse_dtype
 
 _URGENT_ROUNDS = 4  # urgent steps at most, back to back, before a step's ordinary batch
 
@@ -65,7 +55,7 @@ class EngineStats:
     urgent_steps: int = 0  # steps of latency-class prompts run ahead of, or between the layers of, another
 
 
-class LLMEngine(KVPoolResizing):
+class LLMEngine:
     """Continuous-batching engine for one decoder model. Not thread-safe: call it from one thread."""
 
     def __init__(
@@ -88,28 +78,34 @@ class LLMEngine(KVPoolResizing):
         self.config = config or EngineConfig()
         self.device = torch.device(self.config.device)
         self.memory = memory
-        self.partition: Partition | None = None
         self._placed: PlacedModel | None = None
         self._evicted = False
-        if isinstance(model_dir, HostCopy):
-            if memory is None:
-                raise ValueError("an engine is rebuilt from a host copy only in an arena; pass memory=")
-            self.model_name: str | None = model_name or model_dir.model
-            kv_caches = self._load_in_arena(model_dir, memory, self.model_name)
-        elif memory is None:
-            self.model_name = model_name
-            kv_caches = self._load_alone(model_dir)
+        planned: list[EngineLayout] = []  # the layout planned for an arena's partition, once
+
+        def kv_bytes(model: DecoderConfig) -> int:
+            planned.append(plan_layout(self.config, model, self.device, in_arena=True))
+            return planned[0].kv_cache_bytes
+
+        placement = place_model(
+            model_dir, _decoder_config, dtype=self.config.dtype, device=self.device, memory=memory,
+            model_name=model_name, kv_bytes=kv_bytes,
+        )  # fmt: skip
+        self.loaded, self.model_config = placement.loaded, placement.config
+        self.model_name, self._placed = placement.name, placement.placed
+        spec = kv_spec(self.config, self.model_config)
+        prefix_caching = self.config.enable_prefix_caching
+        if self._placed is None:  # alone: on CUDA the pool is sized by the memory left after the weights
+            layout = plan_layout(self.config, self.model_config, self.device, in_arena=False)
+            self.kv = KVPool.allocated(spec, layout, self.device, prefix_caching)
         else:
-            self.model_name = model_name or default_model_name(model_dir)
-            kv_caches = self._load_in_arena(model_dir, memory, self.model_name)
+            assert memory is not None  # placed in its arena
+            self.kv = KVPool.in_partition(spec, planned[0], memory, self._placed.partition, prefix_caching)
         self.tokenizer = self.loaded.tokenizer
         self.packed_weight_bytes = 0  # packed CPU copies of the weights (EngineConfig.pack_cpu_weights)
         if self.config.pack_cpu_weights and self.device.type == "cpu":
             self.packed_weight_bytes = pack_model(self.loaded.model, self.model_name or str(model_dir))
-        spec = self._kv_spec()
-        self.runner = ModelRunner(self.loaded.model, spec, kv_caches, self.device, self.config.seed)
-        self.block_manager = BlockManager(
-            self.layout.num_kv_blocks, self.layout.block_size, self.config.enable_prefix_caching
+        self.runner = ModelRunner(
+            self.loaded.model, self.kv.spec, self.kv.caches, self.device, self.config.seed
         )
         self.scheduler = Scheduler(
             SchedulerConfig(
@@ -123,6 +119,56 @@ class LLMEngine(KVPoolResizing):
         self.stats = EngineStats()
         self._text: dict[str, TextState] = {}
         self._nested_s = 0.0  # seconds spent in urgent steps so far (see _run)
+
+    @property
+    def layout(self) -> EngineLayout:
+        return self.kv.layout
+
+    @property
+    def partition(self) -> Partition | None:
+        """The model's partition of the arena; None alone, or once evicted."""
+        return self.kv.partition
+
+    @property
+    def block_manager(self) -> BlockManager:
+        return self.kv.blocks
+
+    def kv_blocks_wanted(self) -> int:
+        """KV blocks every unfinished request would hold if all ran at once, each with room for one more
+        token: compare with layout.num_kv_blocks to see how short the pool is (>= 0)."""
+        block_size = self.layout.block_size
+        return sum(seq.num_tokens // block_size + 1 for seq in self.scheduler.unfinished())
+
+    def shrink_kv(self, num_blocks: int) -> None:
+        """KVPool.shrink, keeping every unfinished request able to fit; call between steps, on the
+        engine's thread (then MemoryManager.resize_kv or move_kv, then rebind_kv)."""
+        self._check_resident()
+        self.kv.shrink(num_blocks, self._largest_request())
+        self._bind_kv()
+
+    def rebind_kv(self) -> None:
+        """KVPool.rebind over the pool the memory manager now holds for this model; running requests
+        recompute if it moved. Call between steps, on the engine's thread."""
+        self._check_resident()
+        self.kv.rebind(self._largest_request(), self._preempt_all_running)
+        self._bind_kv()
+
+    def _largest_request(self) -> int:
+        return max((seq.num_tokens for seq in self.scheduler.unfinished()), default=0)
+
+    def _preempt_all_running(self) -> None:
+        """Send every running request back to the queue to recompute: its KV is gone (the pool moved)."""
+        running = self.scheduler.preempt_all()
+        for seq in running:
+            self.stats.preemptions_by_class[seq.hints.workload] += 1
+        self.stats.preemptions += len(running)
+
+    def _bind_kv(self) -> None:
+        """Serve from the pool as it now is, from the next step on."""
+        self.runner.set_kv_caches(self.kv.caches)
+        if self._placed is not None and self.kv.partition is not None:
+            self._placed = replace(self._placed, partition=self.kv.partition)
+        self.scheduler.resize_pool(self.layout.num_kv_blocks)
 
     def add_request(
         self,
@@ -280,7 +326,7 @@ class LLMEngine(KVPoolResizing):
         unpack_model(self.loaded.model)  # frees the packed copies now, not with the engine's last reference
         host = evict_to_host(self.memory, self._placed, keep_host_copy=keep_host_copy)
         self._evicted = True
-        self.partition = None
+        self.kv.partition = None
         self._placed = None
         return host
 
@@ -328,67 +374,8 @@ class LLMEngine(KVPoolResizing):
             )
         return token_ids
 
-    def _load_alone(self, model_dir: str | Path) -> KVCaches:
-        """Load the weights, then size the KV pool (on CUDA from the memory left) and allocate it."""
-        self.loaded: LoadedModel = load_model(model_dir, dtype=self.config.dtype, device=self.device)
-        self.model_config = self._decoder_config(self.loaded.config, model_dir)
-        self.layout = self._plan_layout()
-        return allocate_kv_caches(self._kv_spec(), self.layout.num_kv_blocks, self.device)
 
-    def _load_in_arena(self, source: str | Path | HostCopy, memory: MemoryManager, name: str) -> KVCaches:
-        """Plan the KV pool first, so that the weights slot and the pool are reserved together as one
-        partition; then fill the slot (from the checkpoint, or from a host copy in one bulk copy) and
-        lay the KV caches out in the pool."""
-        if memory.arena.device != self.device:
-            raise ValueError(f"the engine runs on {self.device} but the arena is on {memory.arena.device}")
-        if isinstance(source, HostCopy):
-            if source.dtype != parse_dtype(self.config.dtype):
-                raise ValueError(
-                    f"the host copy holds {source.dtype}, the engine is configured for {self.config.dtype}"
-                )
-            self.model_config = self._decoder_config(source.config, source.model_dir)
-            self.layout = self._plan_layout()
-            self._placed = load_from_host_copy(memory, name, source, self.layout.kv_cache_bytes)
-        else:
-            self.model_config = self._decoder_config(load_model_config(Path(source)), source)
-            self.layout = self._plan_layout()
-            self._placed = load_into_partition(
-                memory, name, source, self.config.dtype, self.layout.kv_cache_bytes
-            )
-        self.loaded, self.partition = self._placed.loaded, self._placed.partition
-        assert self.partition.kv is not None  # the layout holds at least one block
-        return kv_cache_views(memory.arena, self.partition.kv, self._kv_spec(), self.layout.num_kv_blocks)
-
-    @staticmethod
-    def _decoder_config(config: DecoderConfig | EncoderConfig, model_dir: str | Path) -> DecoderConfig:
-        if not isinstance(config, DecoderConfig):
-            raise InvalidRequestError("model", f"{model_dir} is an encoder; serve it with EmbeddingEngine")
-        return config
-
-    def _kv_spec(self) -> KVCacheSpec:
-        c = self.model_config
-        dtype = parse_dtype(self.config.dtype)  # the KV cache holds the model's dtype
-        return KVCacheSpec(
-            c.num_hidden_layers, c.num_key_value_heads, c.head_dim, self.config.block_size, dtype
-        )
-
-    def _plan_layout(self) -> EngineLayout:
-        spec = self._kv_spec()
-        max_model_len = min(
-            self.config.max_model_len or self.model_config.max_model_len, self.model_config.max_model_len
-        )
-        # Free device memory (measured after loading the weights) sizes the pool only without an arena:
-        # in an arena the other models' partitions, not the device, decide what is left.
-        on_cuda = self.device.type == "cuda" and self.memory is None
-        free = torch.cuda.mem_get_info(self.device)[0] if on_cuda else None
-        budget = default_kv_bytes(self.config, free)
-        # Never reserve more than every seat filled to the full context could use.
-        most_useful = self.config.max_num_seqs * -(-max_model_len // spec.block_size) * spec.bytes_per_block
-        if self.config.kv_cache_bytes is None:
-            budget = min(budget, most_useful)
-        num_blocks = budget // spec.bytes_per_block
-        if num_blocks < 1:
-            raise ValueError(
-                f"kv_cache_bytes={budget} holds no KV block of {spec.bytes_per_block} bytes; raise the budget"
-            )
-        return EngineLayout(num_blocks, spec.block_size, num_blocks * spec.bytes_per_block, max_model_len)
+def _decoder_config(config: DecoderConfig | EncoderConfig, model_dir: str | Path) -> DecoderConfig:
+    if not isinstance(config, DecoderConfig):
+        raise InvalidRequestError("model", f"{model_dir} is an encoder; serve it with EmbeddingEngine")
+    return config
