@@ -33,11 +33,12 @@ from bench.placer_cluster import ClusterShape, gpu_sample, node_reports, pick_re
 from bench.placer_inprocess import InProcessPlacer, naive_agreement
 from bench.placer_measure import Timed, concurrent_calls, register, serial_calls, stream_samples
 from bench.placer_naive import NaivePicker
-from bench.placer_procs import Child, cpu_layout, pin, start_placer, start_telemetry_load, telemetry_result
+from bench.placer_procs import cpu_layout, pin, start_placer, start_telemetry_load, telemetry_result
 from bench.progress import log
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.redact import redact_url
 from services.common.redis_server import RedisServer
+from services.mesh.process import ChildProcess
 from services.placer.cluster.schema import Keys
 from services.placer.config import PlacerSettings
 
@@ -83,7 +84,7 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
     }
     redis = RedisServer(workdir)
     redis.start()
-    children: list[Child] = []
+    children: list[ChildProcess] = []
     inprocess: InProcessPlacer | None = None
     try:
         if redis.process is not None:
@@ -182,7 +183,8 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
             )
             log(f"gRPC {args.grpc_in_flight} in flight: {timed.per_s:.0f} picks/s")
         children.remove(load)
-        telemetry = telemetry_result(load.stop())
+        load.stop()
+        telemetry = telemetry_result(load.log_text())
         result["telemetry_updates_per_s"] = telemetry.get("samples_per_s")
         result["telemetry_updates"] = telemetry.get("samples")
         result["telemetry_skipped"] = telemetry.get("skipped")

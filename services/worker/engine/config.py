@@ -69,10 +69,6 @@ class EngineLayout:
     kv_cache_bytes: int
     max_model_len: int
 
-    @property
-    def kv_capacity_tokens(self) -> int:
-        return self.num_kv_blocks * self.block_size
-
 
 def default_kv_bytes(config: EngineConfig, device_free_bytes: int | None) -> int:
     """The KV pool budget in bytes: configured, else a fraction of free device memory, else 2 GiB."""

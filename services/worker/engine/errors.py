@@ -15,10 +15,6 @@ class InvalidRequestError(EngineError, InvalidArgument):
     the offending input), raised by the engine."""
 
 
-class RequestNotFoundError(EngineError, KeyError):
-    """No request with that id is in flight."""
-
-
 class EngineDeadError(EngineError, RuntimeError):
     """The engine's step thread stopped; nothing more can be served (maps to UNAVAILABLE)."""
 

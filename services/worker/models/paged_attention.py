@@ -79,7 +79,7 @@ class PagedAttention:
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Attention output [T, H * D] for q [T, H, D] and this step's k, v [T, Hkv, D]."""
         meta = self.metadata
-        assert meta is not None, "set_metadata() before forward()"  # programming error, not input
+        assert meta is not None, "assign metadata before forward()"  # programming error, not input
         k_cache, v_cache = self.kv_caches[layer]  # [N, bs, Hkv, D]
         k_cache.view(-1, *k.shape[1:]).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, *v.shape[1:]).index_copy_(0, meta.slot_mapping, v)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Callable
@@ -95,11 +94,6 @@ class Heartbeat:
         self.interval_s = interval_s
         self.host = host
         self.beats = 0
-        self._wake = asyncio.Event()
-
-    def beat_now(self) -> None:
-        """Send the next heartbeat without waiting for the interval (after a load, or when draining)."""
-        self._wake.set()
 
     async def run(self) -> None:
         failures = 0
@@ -121,9 +115,7 @@ class Heartbeat:
                     await self._follow(reply)
                 except Exception:  # a directive that fails must not stop the heartbeats
                     log.exception("could not follow the placer's directives %s", reply)
-            self._wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval_s)
+            await asyncio.sleep(self.interval_s)
 
     async def _follow(self, reply: placer_pb2.HeartbeatReply) -> None:
         """Load what the placer asks for when it is in this worker's catalog; evict only idle models."""
