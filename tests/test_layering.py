@@ -153,3 +153,23 @@ def test_the_checks_see_real_imports() -> None:
     assert "grpc" in imports_of("services.common.errors")
     assert "torch" in reachable("services.worker.engine.llm_engine")
     assert len(modules()) > 100
+
+
+@pytest.mark.parametrize(
+    "module",
+    [f"services.worker.server.{m}" for m in ("servicer", "streams", "heartbeat", "metrics", "model_builder")],
+)
+def test_event_loop_readers_use_the_engine_snapshot(module: str) -> None:
+    """The worker's event-loop side reads AsyncLLM.snapshot (engine/snapshot.py), published by the
+    engine thread, never the scheduler's, block manager's or stats' live structures it mutates."""
+    tree = ast.parse(modules()[module].read_text())
+    touched = sorted(
+        ast.unparse(node)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and (
+            node.attr in ("scheduler", "block_manager")
+            or (node.attr == "stats" and ast.unparse(node.value).endswith("engine"))
+        )
+    )
+    assert touched == [], touched

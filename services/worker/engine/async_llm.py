@@ -36,6 +36,7 @@ from services.worker.engine.errors import EngineDeadError, InvalidRequestError
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.outputs import RequestOutput, merge
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
+from services.worker.engine.snapshot import EngineSnapshot, snapshot_of
 from services.worker.engine.step_interrupts import StepInterrupts
 
 log = logging.getLogger(__name__)
@@ -110,6 +111,14 @@ class AsyncLLM:
         # At most one command taken off the queue mid-step and kept for after the step (None: shutdown).
         self._deferred: list[_Command | None] = []
         self._interrupts = StepInterrupts(poll=self._poll_adds, deliver=self._deliver_nested)
+        # Replaced (one reference assignment) by the engine thread after its commands and each step.
+        self.snapshot: EngineSnapshot = snapshot_of(engine)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests generate() has submitted that have not finished: exact on the event loop, queued
+        commands included, unlike a snapshot taken on the engine thread."""
+        return len(self._streams)
 
     async def __aenter__(self) -> AsyncLLM:
         self.start()
@@ -242,10 +251,12 @@ class AsyncLLM:
                 block = not engine.has_unfinished_requests()
                 if not self._apply_commands(block):
                     return
+                self.snapshot = snapshot_of(engine)
                 if not engine.has_unfinished_requests():
                     self._deliver([], True)
                     continue
                 outputs = engine.step(self._interrupts)
+                self.snapshot = snapshot_of(engine)
                 if outputs:
                     self._deliver(outputs, not engine.has_unfinished_requests())
         except BaseException as exc:  # the engine is unusable: tell every waiting stream why
@@ -333,6 +344,9 @@ class AsyncLLM:
 
     def _deliver(self, outputs: list[RequestOutput], idle: bool) -> None:
         assert self._loop is not None
+        # Published first: a reader that has seen an output sees a snapshot at least as new (nested
+        # steps deliver in the middle of a step).
+        self.snapshot = snapshot_of(self.engine)
         self._loop.call_soon_threadsafe(self._fan_out, outputs, idle, self._applied)
 
     def _deliver_error(self, error: BaseException) -> None:

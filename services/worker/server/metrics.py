@@ -171,22 +171,19 @@ class WorkerMetrics:
             if served.llm is None:
                 continue
             name = served.name
-            engine = served.llm.engine
-            self.running.labels(name).set(served.running)
-            self.waiting.labels(name).set(served.waiting)
-            self.kv_usage.labels(name).set(served.kv_usage)
-            self.prefix_hits.labels(name).set(engine.block_manager.prefix_hit_tokens)
-            stats = engine.stats
-            if stats.steps:  # before the first step there is no budget to report
-                self.step_budget.labels(name).set(stats.last_budget)
-            exported = self._seen.setdefault(engine, _Exported())
-            # dict.copy: one C call under the GIL, so the engine thread cannot grow the Counter while
-            # we iterate it (iterating it in place could raise "dictionary changed size").
-            for workload, gained in _gained(dict.copy(stats.preemptions_by_class), exported.preemptions):
+            snap = served.snapshot  # the engine thread's, published after its last step
+            self.running.labels(name).set(snap.running)
+            self.waiting.labels(name).set(snap.waiting)
+            self.kv_usage.labels(name).set(snap.kv_usage)
+            self.prefix_hits.labels(name).set(snap.prefix_hit_tokens)
+            if snap.steps:  # before the first step there is no budget to report
+                self.step_budget.labels(name).set(snap.last_budget)
+            exported = self._seen.setdefault(served.llm.engine, _Exported())
+            for workload, gained in _gained(snap.preemptions_by_class, exported.preemptions):
                 self.preemptions.labels(name, workload.name).inc(gained)
-            for budget, gained in _gained(dict.copy(stats.steps_by_budget), exported.steps):
+            for budget, gained in _gained(snap.steps_by_budget, exported.steps):
                 self.steps.labels(name, str(budget)).inc(gained)
-            for _, gained in _gained({"urgent": stats.urgent_steps}, exported.urgent_steps):
+            for _, gained in _gained({"urgent": snap.urgent_steps}, exported.urgent_steps):
                 self.urgent_steps.labels(name).inc(gained)
 
 

@@ -13,6 +13,7 @@ from services.worker.engine.async_llm import AsyncLLM
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.embedding import EmbeddingEngine
 from services.worker.engine.llm_engine import LLMEngine
+from services.worker.engine.snapshot import EngineSnapshot
 from services.worker.memory.errors import format_bytes
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
@@ -22,6 +23,7 @@ from services.worker.models.dtype_choice import resolve_dtype
 from services.worker.server.config import WorkerSettings
 
 log = logging.getLogger(__name__)
+_NO_ENGINE = EngineSnapshot()  # an encoder's: nothing queued or cached
 
 GENERATE = "generate"
 EMBED = "embed"
@@ -42,21 +44,26 @@ class ServedModel:
     in_flight_embeds: int = field(default=0)
 
     @property
+    def snapshot(self) -> EngineSnapshot:
+        """The decoder engine's state as of its last step (an encoder's: empty)."""
+        return self.llm.snapshot if self.llm else _NO_ENGINE
+
+    @property
     def running(self) -> int:
-        return self.llm.engine.scheduler.num_running if self.llm else 0
+        return self.snapshot.running
 
     @property
     def waiting(self) -> int:
-        return self.llm.engine.scheduler.num_waiting if self.llm else 0
+        return self.snapshot.waiting
 
     @property
     def in_flight(self) -> int:
-        """Requests that an eviction now would cut off."""
-        return self.running + self.waiting + self.in_flight_embeds
+        """Requests that an eviction now would cut off (counted on the event loop, so exact)."""
+        return (self.llm.num_in_flight if self.llm else 0) + self.in_flight_embeds
 
     @property
     def kv_usage(self) -> float:
-        return self.llm.engine.block_manager.usage if self.llm else 0.0
+        return self.snapshot.kv_usage
 
 
 def build_model(

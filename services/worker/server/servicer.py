@@ -86,12 +86,12 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             prompt = prompt_of(request)
         workload = _workload(request.workload_class)
         labels = (request.model, workload.name)
-        scheduler = llm.engine.scheduler
-        if scheduler.num_waiting >= self.host.settings.max_waiting:
+        # Not yet running: those waiting at the last step and every request submitted since.
+        queued = llm.num_in_flight - llm.snapshot.running
+        if queued >= self.host.settings.max_waiting:
             self.metrics.rejected.labels(*labels, AdmissionError.QUEUE_FULL).inc()
             raise ResourceExhausted(
-                f"worker {self.node_id} has {scheduler.num_waiting} requests queued for {request.model!r}",
-                retry_after_s=1.0,
+                f"worker {self.node_id} has {queued} requests queued for {request.model!r}", retry_after_s=1.0
             )
         hints = SchedulingHints(workload=workload, tenant=request.tenant, deadline=deadline)
         request_id = request.request_id or uuid.uuid4().hex
@@ -161,16 +161,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         for served in self.host.models.values():
             stats = worker_pb2.ModelStats(name=served.name, kind=served.kind)
             if served.llm is not None:
-                engine = served.llm.engine
-                blocks = engine.block_manager
-                stats.running = served.running
-                stats.waiting = served.waiting
-                stats.kv_usage = blocks.usage
-                stats.kv_blocks_total = blocks.num_blocks
-                stats.kv_blocks_used = blocks.num_used_blocks
-                stats.prefix_hit_tokens = blocks.prefix_hit_tokens
-                stats.generated_tokens = engine.stats.generated_tokens
-                stats.preemptions = engine.stats.preemptions
+                snap = served.snapshot
+                stats.running = snap.running
+                stats.waiting = snap.waiting
+                stats.kv_usage = snap.kv_usage
+                stats.kv_blocks_total = snap.kv_blocks_total
+                stats.kv_blocks_used = snap.kv_blocks_used
+                stats.prefix_hit_tokens = snap.prefix_hit_tokens
+                stats.generated_tokens = snap.generated_tokens
+                stats.preemptions = snap.preemptions
             models.append(stats)
         return worker_pb2.WorkerStats(node_id=self.node_id, models=models, draining=self.draining)
 

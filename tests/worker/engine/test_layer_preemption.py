@@ -18,6 +18,7 @@ from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.outputs import RequestOutput
 from services.worker.engine.policy.classes import PolicyName, SchedulingHints
 from services.worker.engine.sequence import SequenceStatus
+from services.worker.engine.snapshot import snapshot_of
 from services.worker.engine.step_interrupts import StepInterrupts
 from services.worker.server.metrics import WorkerMetrics
 from tests.worker.engine.reference import mixed_prompts
@@ -82,9 +83,8 @@ def test_a_chat_arriving_mid_step_gets_its_first_token_before_the_step_ends(llam
     assert engine.block_manager.num_used_blocks == 0
 
     metrics = WorkerMetrics()
-    served = SimpleNamespace(
-        name="llama", llm=SimpleNamespace(engine=engine), running=0, waiting=0, kv_usage=0.0
-    )
+    snap = snapshot_of(engine)  # what AsyncLLM would publish after this step
+    served = SimpleNamespace(name="llama", llm=SimpleNamespace(engine=engine), snapshot=snap)
     metrics.refresh([served])  # type: ignore[list-item]
     assert metrics.registry.get_sample_value("hanzo_worker_urgent_steps_total", {"model": "llama"}) == 1
 

@@ -1,0 +1,54 @@
+"""What the engine thread publishes about its engine after every step: queue depths, KV usage and the
+cumulative counters. The event loop's readers (the servicer's stats, heartbeats, metrics) read the
+latest snapshot, never the scheduler's or block manager's live structures, which the engine thread
+mutates while they would be read."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from services.common.workload import WorkloadClass
+
+if TYPE_CHECKING:  # a type only: this module is imported by AsyncLLM, which holds the engine
+    from services.worker.engine.llm_engine import LLMEngine
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    running: int = 0
+    waiting: int = 0
+    kv_usage: float = 0.0
+    kv_blocks_total: int = 0
+    kv_blocks_used: int = 0
+    prefix_hit_tokens: int = 0
+    steps: int = 0
+    last_budget: int = 0
+    generated_tokens: int = 0
+    preemptions: int = 0
+    urgent_steps: int = 0
+    # Copies made on the engine thread: the engine's own Counters keep growing while these are read.
+    preemptions_by_class: Mapping[WorkloadClass, int] = field(default_factory=dict)
+    steps_by_budget: Mapping[int, int] = field(default_factory=dict)
+
+
+def snapshot_of(engine: LLMEngine) -> EngineSnapshot:
+    """The engine's state now; call on the engine's thread (between steps)."""
+    blocks = engine.block_manager
+    stats = engine.stats
+    return EngineSnapshot(
+        running=engine.scheduler.num_running,
+        waiting=engine.scheduler.num_waiting,
+        kv_usage=blocks.usage,
+        kv_blocks_total=blocks.num_blocks,
+        kv_blocks_used=blocks.num_used_blocks,
+        prefix_hit_tokens=blocks.prefix_hit_tokens,
+        steps=stats.steps,
+        last_budget=stats.last_budget,
+        generated_tokens=stats.generated_tokens,
+        preemptions=stats.preemptions,
+        urgent_steps=stats.urgent_steps,
+        preemptions_by_class=dict(stats.preemptions_by_class),
+        steps_by_budget=dict(stats.steps_by_budget),
+    )
