@@ -1,9 +1,10 @@
-"""The scheduling policy: ordering, admission limits and the step budget, behind one object.
+"""The scheduling policies: ordering, admission limits and the step budget, behind one small protocol.
 
-The scheduler owns blocks and the running set; it asks this object every question of judgement:
-which queue order, who outranks whom, how much KV an admission must leave, how long a request may
-wait, and how many tokens this step may compute. `fifo` answers them as plain continuous batching
-does (arrival order, nobody outranks anybody, a fixed budget), which makes it the baseline.
+The scheduler owns blocks and the running set; it asks its policy every question of judgement: which
+queue order, who outranks whom, how much KV an admission must leave, how long a request may wait, and
+how many tokens this step may compute. FifoPolicy answers them as plain continuous batching does
+(arrival order, nobody outranks anybody, a fixed budget): the baseline. AdaptivePolicy answers them
+from the workload classes, their service levels and the tenants' fair shares.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from services.common.workload import WorkloadClass
 from services.worker.engine.errors import AdmissionError
@@ -25,58 +27,49 @@ _MIN_RETRY_S = 0.05
 _MAX_RETRY_S = 60.0
 
 
-class SchedulingPolicy:
-    """Judgement calls of one engine's scheduler; see the module docstring."""
+class SchedulingPolicy(Protocol):
+    """What the scheduler asks of its policy."""
 
-    def __init__(self, config: PolicyConfig, max_num_batched_tokens: int) -> None:
-        self.config = config
-        self.adaptive = config.name is PolicyName.ADAPTIVE
-        self.ledger = TenantLedger()
-        low = min(config.min_batched_tokens, max_num_batched_tokens)
-        self.budget = BudgetController(low, max_num_batched_tokens)
-        self._latency_levels = sorted({c.priority for c in config.classes.values() if c.latency_sensitive})
-        self._last_seen: dict[WorkloadClass, float] = {}  # latency class -> when last waiting/running
-        self._tokens_per_s: float | None = None
-
-    # --- ordering -------------------------------------------------------------------------------------
-
-    def new_queue(self) -> WaitingQueue:
-        """An empty waiting queue in this policy's order."""
-        return PriorityQueue(self.ledger) if self.adaptive else FifoQueue()
-
-    def class_of(self, seq: Sequence) -> ClassPolicy:
-        return self.config.classes[seq.hints.workload]
-
-    def priority_of(self, seq: Sequence) -> int:
-        """seq's priority level (0 first); every request shares level 0 under fifo."""
-        return self.class_of(seq).priority if self.adaptive else 0
-
-    def running_key(self, seq: Sequence) -> tuple[int, int]:
-        """Order of the running set: served first to last, preempted last to first."""
-        return (seq.priority, seq.admit_no)
-
-    def outranks(self, a: Sequence, b: Sequence) -> bool:
-        """True when a may go before the already-admitted b, taking its budget, seat or blocks."""
-        return self.adaptive and a.priority < b.priority
+    config: PolicyConfig
+    budget: BudgetController
 
     @property
     def preempts_between_layers(self) -> bool:
         """True when latency-class prompts may run between the layers of a step already executing."""
-        return self.adaptive and self.config.layer_preemption
+        ...
 
-    def is_latency(self, seq: Sequence) -> bool:
-        return self.adaptive and self.class_of(seq).latency_sensitive
+    def new_queue(self) -> WaitingQueue: ...
+    def priority_of(self, seq: Sequence) -> int: ...
+    def running_key(self, seq: Sequence) -> tuple[int, int]: ...
+    def outranks(self, a: Sequence, b: Sequence) -> bool: ...
+    def is_latency(self, seq: Sequence) -> bool: ...
+    def charge(self, seq: Sequence, tokens: int) -> None: ...
+    def reserve_fraction(self, seq: Sequence) -> float: ...
+    def reserved_seats(self, seq: Sequence, max_num_seqs: int) -> int: ...
+    def tokens_to_hold(self, seq: Sequence) -> int: ...
+    def check_queue_room(self, seq: Sequence, waiting_in_class: int, tokens_ahead: int) -> None: ...
+    def queue_timeout(self, seq: Sequence) -> float | None: ...
+    def retry_after(self, tokens_ahead: int) -> float: ...
+    def observe_step(self, num_tokens: int, num_seqs: int, seconds: float) -> None: ...
+    def choose_budget(self, now: float, running: Iterable[Sequence], waiting: WaitingQueue) -> int: ...
 
-    def charge(self, seq: Sequence, tokens: int) -> None:
-        """tokens were computed for seq this step (tenant fair share)."""
-        if self.adaptive:
-            self.ledger.charge(seq.priority, seq.hints.tenant, tokens)
 
-    # --- admission ------------------------------------------------------------------------------------
+class _Measured:
+    """What both policies share: the step-time model they learn from, the drain rate behind a refusal's
+    retry delay, and the running set's order."""
 
-    def reserve_fraction(self, seq: Sequence) -> float:
-        """Share of the KV pool seq's admission must leave free for latency classes."""
-        return 0.0 if not self.adaptive or self.is_latency(seq) else self.config.latency_reserve
+    def __init__(self, config: PolicyConfig, max_num_batched_tokens: int) -> None:
+        self.config = config
+        low = min(config.min_batched_tokens, max_num_batched_tokens)
+        self.budget = BudgetController(low, max_num_batched_tokens)
+        self._tokens_per_s: float | None = None
+
+    def class_of(self, seq: Sequence) -> ClassPolicy:
+        return self.config.classes[seq.hints.workload]
+
+    def running_key(self, seq: Sequence) -> tuple[int, int]:
+        """Order of the running set: served first to last, preempted last to first."""
+        return (seq.priority, seq.admit_no)
 
     def reserved_seats(self, seq: Sequence, max_num_seqs: int) -> int:
         """Seats of the running set seq's admission must leave free for latency classes: the same share
@@ -85,28 +78,8 @@ class SchedulingPolicy:
         for the step's end."""
         return int(self.reserve_fraction(seq) * max_num_seqs)
 
-    def tokens_to_hold(self, seq: Sequence) -> int:
-        """Tokens whose KV must fit before seq is admitted: its whole remaining prompt plus expected
-        output under adaptive (so admission does not cause a preemption a few steps later); 0 under
-        fifo, which checks only the step's chunk."""
-        if not self.adaptive:
-            return 0
-        expected = min(seq.params.max_tokens - seq.num_output_tokens, self.config.expected_output_tokens)
-        return seq.num_tokens - seq.num_computed_tokens + max(0, expected)
-
-    def check_queue_room(self, seq: Sequence, waiting_in_class: int, tokens_ahead: int) -> None:
-        """Raise AdmissionError when seq's class already has its limit of waiting requests."""
-        limit = self.class_of(seq).max_waiting if self.adaptive else None
-        if limit is not None and waiting_in_class >= limit:
-            raise AdmissionError(
-                f"the {seq.hints.workload.name} queue is full ({waiting_in_class} waiting, limit {limit})",
-                retry_after_s=self.retry_after(tokens_ahead),
-                reason=AdmissionError.QUEUE_FULL,
-            )
-
-    def queue_timeout(self, seq: Sequence) -> float | None:
-        """Seconds seq may wait for its first schedule; None: no limit."""
-        return self.class_of(seq).queue_timeout_s if self.adaptive else None
+    def reserve_fraction(self, seq: Sequence) -> float:
+        return 0.0
 
     def retry_after(self, tokens_ahead: int) -> float:
         """Seconds until the engine has likely worked through tokens_ahead, from its measured rate."""
@@ -114,8 +87,6 @@ class SchedulingPolicy:
         if not rate:
             return 1.0
         return min(_MAX_RETRY_S, max(_MIN_RETRY_S, tokens_ahead / rate))
-
-    # --- step budget ----------------------------------------------------------------------------------
 
     def observe_step(self, num_tokens: int, num_seqs: int, seconds: float) -> None:
         """A step computed num_tokens for num_seqs sequences in seconds (wall time of the model step)."""
@@ -126,11 +97,107 @@ class SchedulingPolicy:
         old = self._tokens_per_s
         self._tokens_per_s = rate if old is None else old + _RATE_EWMA * (rate - old)
 
+
+class FifoPolicy(_Measured):
+    """Plain continuous batching: arrival order, every request on level 0, nobody outranks anybody, no
+    reserve, no class limits, admission checks only the step's chunk, always the full budget."""
+
+    preempts_between_layers = False
+
+    def new_queue(self) -> WaitingQueue:
+        return FifoQueue()
+
+    def priority_of(self, seq: Sequence) -> int:
+        return 0
+
+    def outranks(self, a: Sequence, b: Sequence) -> bool:
+        return False
+
+    def is_latency(self, seq: Sequence) -> bool:
+        return False
+
+    def charge(self, seq: Sequence, tokens: int) -> None:
+        pass
+
+    def tokens_to_hold(self, seq: Sequence) -> int:
+        return 0
+
+    def check_queue_room(self, seq: Sequence, waiting_in_class: int, tokens_ahead: int) -> None:
+        pass
+
+    def queue_timeout(self, seq: Sequence) -> float | None:
+        return None
+
+    def choose_budget(self, now: float, running: Iterable[Sequence], waiting: WaitingQueue) -> int:
+        return self.budget.maximum
+
+
+class AdaptivePolicy(_Measured):
+    """Classes, deadlines, tenants and the adaptive step budget; see the module docstring."""
+
+    def __init__(self, config: PolicyConfig, max_num_batched_tokens: int) -> None:
+        super().__init__(config, max_num_batched_tokens)
+        self.ledger = TenantLedger()
+        self._latency_levels = sorted({c.priority for c in config.classes.values() if c.latency_sensitive})
+        self._last_seen: dict[WorkloadClass, float] = {}  # latency class -> when last waiting/running
+
+    # --- ordering -------------------------------------------------------------------------------------
+
+    def new_queue(self) -> WaitingQueue:
+        """An empty waiting queue: by priority, then tenant fair share, then arrival."""
+        return PriorityQueue(self.ledger)
+
+    def priority_of(self, seq: Sequence) -> int:
+        """seq's priority level (0 first)."""
+        return self.class_of(seq).priority
+
+    def outranks(self, a: Sequence, b: Sequence) -> bool:
+        """True when a may go before the already-admitted b, taking its budget, seat or blocks."""
+        return a.priority < b.priority
+
+    @property
+    def preempts_between_layers(self) -> bool:
+        """True when latency-class prompts may run between the layers of a step already executing."""
+        return self.config.layer_preemption
+
+    def is_latency(self, seq: Sequence) -> bool:
+        return self.class_of(seq).latency_sensitive
+
+    def charge(self, seq: Sequence, tokens: int) -> None:
+        """tokens were computed for seq this step (tenant fair share)."""
+        self.ledger.charge(seq.priority, seq.hints.tenant, tokens)
+
+    # --- admission ------------------------------------------------------------------------------------
+
+    def reserve_fraction(self, seq: Sequence) -> float:
+        """Share of the KV pool seq's admission must leave free for latency classes."""
+        return 0.0 if self.is_latency(seq) else self.config.latency_reserve
+
+    def tokens_to_hold(self, seq: Sequence) -> int:
+        """Tokens whose KV must fit before seq is admitted: its whole remaining prompt plus expected
+        output (so admission does not cause a preemption a few steps later)."""
+        expected = min(seq.params.max_tokens - seq.num_output_tokens, self.config.expected_output_tokens)
+        return seq.num_tokens - seq.num_computed_tokens + max(0, expected)
+
+    def check_queue_room(self, seq: Sequence, waiting_in_class: int, tokens_ahead: int) -> None:
+        """Raise AdmissionError when seq's class already has its limit of waiting requests."""
+        limit = self.class_of(seq).max_waiting
+        if limit is not None and waiting_in_class >= limit:
+            raise AdmissionError(
+                f"the {seq.hints.workload.name} queue is full ({waiting_in_class} waiting, limit {limit})",
+                retry_after_s=self.retry_after(tokens_ahead),
+                reason=AdmissionError.QUEUE_FULL,
+            )
+
+    def queue_timeout(self, seq: Sequence) -> float | None:
+        """Seconds seq may wait for its first schedule; None: no limit."""
+        return self.class_of(seq).queue_timeout_s
+
+    # --- step budget ----------------------------------------------------------------------------------
+
     def choose_budget(self, now: float, running: Iterable[Sequence], waiting: WaitingQueue) -> int:
         """This step's token budget: the tightest latency target in play decides how long a step may
-        take; the latency work's own tokens are never cut. fifo: always the configured maximum."""
-        if not self.adaptive:
-            return self.budget.maximum
+        take; the latency work's own tokens are never cut."""
         needs = _StepNeeds()
         num_seqs = 0
         for seq in running:
@@ -201,8 +268,10 @@ class _StepNeeds:
 
 
 def make_policy(config: PolicyConfig | None, max_num_batched_tokens: int) -> SchedulingPolicy:
-    """The policy for config (None: adaptive with the default service levels)."""
-    return SchedulingPolicy(config or PolicyConfig(), max_num_batched_tokens)
+    """The policy config names (None: adaptive with the default service levels)."""
+    config = config or PolicyConfig()
+    kind = AdaptivePolicy if config.name is PolicyName.ADAPTIVE else FifoPolicy
+    return kind(config, max_num_batched_tokens)
 
 
-__all__ = ["PolicyName", "SchedulingPolicy", "make_policy"]
+__all__ = ["AdaptivePolicy", "FifoPolicy", "PolicyName", "SchedulingPolicy", "make_policy"]
