@@ -48,6 +48,7 @@ from bench.chaos_load import MODEL, Clients, Outcome, Reference, closed_loop, ju
 from bench.chaos_mesh import UpProcess
 from hanzo.inference.v1 import inference_pb2
 from services.mesh.driver import wait_for_models
+from services.mesh.service_env import service_env
 
 WORKERS = 2
 MAX_RECOVERY_S = 10.0
@@ -76,7 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     run_root = args.run_root or Path(tempfile.mkdtemp(prefix="hanzo-chaos-"))
-    up = UpProcess(run_root, WORKERS, env={"HANZO_WORKER_DTYPE": args.dtype})
+    up = UpProcess(run_root, WORKERS, env=service_env("worker", dtype=args.dtype))
     say(f"starting `hanzo-mesh up` (logs under {run_root}) ...")
     up.start()
     try:

@@ -16,6 +16,7 @@ import grpc
 from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc
 from services.common.redis_server import RedisServer
 from services.mesh.process import ChildProcess, stop_newest_first
+from services.mesh.service_env import service_env
 
 MODEL_NAME = "bench-llama"
 # hidden 256, 4 layers, vocab 512 (the synthetic tokenizer's size): a few ms per decode step on CPU, so the
@@ -76,41 +77,34 @@ class MeshStack:
         self._redis = RedisServer(self.run_dir)
         self._redis.start()
         key_prefix = f"bench-mesh-{self.run_dir.name}"
-        placer = self._child(
-            "placer",
-            "services.placer",
-            "PLACER_READY",
-            HANZO_PLACER_PORT="0",
-            HANZO_PLACER_REDIS_URL=self._redis.url,
-            HANZO_PLACER_KEY_PREFIX=key_prefix,
-        )
+        placer_env = service_env("placer", port=0, redis_url=self._redis.url, key_prefix=key_prefix)
+        placer = self._child("placer", "services.placer", "PLACER_READY", placer_env)
         placer_address, self.placer_pid = placer.ready["address"], placer.pid
-        worker_env = {
-            "HANZO_WORKER_PORT": "0",
-            "HANZO_WORKER_NODE_ID": "bench-w1",
-            "HANZO_WORKER_PLACER_ADDRESS": placer_address,
-            "HANZO_WORKER_MODELS": f"{MODEL_NAME}={self.model_dir}",
-        }
+        worker_env = service_env(
+            "worker",
+            port=0,
+            node_id="bench-w1",
+            placer_address=placer_address,
+            models={MODEL_NAME: self.model_dir},
+        )
         if self.worker_threads is not None:
             worker_env["OMP_NUM_THREADS"] = str(self.worker_threads)
-        worker = self._child("worker", "services.worker", "WORKER_READY", **worker_env)
+        worker = self._child("worker", "services.worker", "WORKER_READY", worker_env)
         self.worker_address, self.worker_pid = worker.ready["address"], worker.pid
-        proxy = self._child(
-            "proxy", "bench.mesh_proxy", "PROXY_READY", HANZO_BENCH_PROXY_UPSTREAM=self.worker_address
-        )
+        proxy_env = {"HANZO_BENCH_PROXY_UPSTREAM": self.worker_address}
+        proxy = self._child("proxy", "bench.mesh_proxy", "PROXY_READY", proxy_env)
         self.proxy_address, self.proxy_pid = proxy.ready["address"], proxy.pid
-        gateway = self._child(
+        gateway_env = service_env(
             "gateway",
-            "services.gateway",
-            "GATEWAY_READY",
-            HANZO_GATEWAY_PORT="0",
-            HANZO_GATEWAY_HTTP_PORT="off",  # the bench drives gRPC; a fixed HTTP port would collide
-            HANZO_GATEWAY_PLACER_ADDRESS=placer_address,
-            HANZO_GATEWAY_API_KEYS=self.api_key,
-            HANZO_GATEWAY_PLACEMENT=self.placement,
-            HANZO_GATEWAY_REDIS_URL=self._redis.url,
-            HANZO_GATEWAY_KEY_PREFIX=key_prefix,
+            port=0,
+            http_port="off",  # the bench drives gRPC; a fixed HTTP port would collide
+            placer_address=placer_address,
+            api_keys=self.api_key,
+            placement=self.placement,
+            redis_url=self._redis.url,
+            key_prefix=key_prefix,
         )
+        gateway = self._child("gateway", "services.gateway", "GATEWAY_READY", gateway_env)
         self.gateway_address, self.gateway_pid = gateway.ready["address"], gateway.pid
         asyncio.run(self._wait_routable(READY_TIMEOUT_S))
 
@@ -145,7 +139,7 @@ class MeshStack:
         """Where child `name` (placer, worker, gateway) writes stdout and stderr."""
         return self.run_dir / f"{name}.log"
 
-    def _child(self, name: str, module: str, ready_prefix: str, **env: str) -> ChildProcess:
+    def _child(self, name: str, module: str, ready_prefix: str, env: dict[str, str]) -> ChildProcess:
         child = ChildProcess(name, module, env, ready_prefix, self.log_path(name))
         self._children.append(child)  # registered before waiting, so a failed start is still stopped
         child.wait_ready(READY_TIMEOUT_S)

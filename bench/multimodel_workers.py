@@ -10,6 +10,7 @@ from types import TracebackType
 
 from bench.progress import log
 from services.mesh.process import ChildProcess, stop_newest_first
+from services.mesh.service_env import service_env
 
 READY_TIMEOUT_S = 180.0
 STOP_TIMEOUT_S = 20.0
@@ -64,18 +65,18 @@ class WorkerGroup:
         self._placer.bind(("127.0.0.1", 0))
         placer_address = "{}:{}".format(*self._placer.getsockname())
         for spec in self.specs:  # all start before any is waited for: their imports and loads overlap
-            env = {
-                "HANZO_WORKER_PORT": "0",
-                "HANZO_WORKER_NODE_ID": spec.node_id,
-                "HANZO_WORKER_MODELS": ",".join(f"{name}={path}" for name, path in spec.models.items()),
-                "HANZO_WORKER_PLACER_ADDRESS": placer_address,
-                "HANZO_WORKER_DEVICE": "cpu",  # RSS is the whole footprint only on CPU
-                "HANZO_WORKER_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
-                "HANZO_WORKER_KV_CACHE_BYTES": str(self.kv_cache_bytes),
-                "HANZO_WORKER_ARENA_BYTES": str(spec.arena_bytes),
-                "OMP_NUM_THREADS": str(self.threads),
-                "MKL_NUM_THREADS": str(self.threads),
-            }
+            env = service_env(
+                "worker",
+                port=0,
+                node_id=spec.node_id,
+                models=spec.models,
+                placer_address=placer_address,
+                device="cpu",  # RSS is the whole footprint only on CPU
+                heartbeat_interval_s=HEARTBEAT_INTERVAL_S,
+                kv_cache_bytes=self.kv_cache_bytes,
+                arena_bytes=spec.arena_bytes,
+            )
+            env |= {"OMP_NUM_THREADS": str(self.threads), "MKL_NUM_THREADS": str(self.threads)}
             log_path = self.run_dir / f"{spec.node_id}.log"
             log_path.unlink(missing_ok=True)  # one run's log per worker, not every round's appended
             # Registered before waiting, so a start that fails later still stops the ones already running.

@@ -39,6 +39,7 @@ from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.redact import redact_url
 from services.common.redis_server import RedisServer
 from services.mesh.process import ChildProcess
+from services.mesh.service_env import service_env
 from services.placer.cluster.schema import Keys
 from services.placer.config import PlacerSettings
 
@@ -89,10 +90,9 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
     try:
         if redis.process is not None:
             pin(redis.process.pid, other_cpus)
-        env = {
-            "HANZO_PLACER_HEARTBEAT_INTERVAL_S": str(HEARTBEAT_INTERVAL_S),
-            "HANZO_PLACER_RESYNC_INTERVAL_S": str(args.resync_interval_s),
-        }
+        env = service_env(
+            "placer", heartbeat_interval_s=HEARTBEAT_INTERVAL_S, resync_interval_s=args.resync_interval_s
+        )
         placer, address = start_placer(redis.url, env, other_cpus, workdir / "placer.log")
         children.append(placer)
         log(f"placer subprocess at {address}, redis {redact_url(redis.url)}")

@@ -10,6 +10,7 @@ import os
 from pathlib import Path
 
 from services.mesh.process import ChildProcess
+from services.mesh.service_env import service_env
 
 REDIS_URL_ENV = "HANZO_BENCH_REDIS_URL"  # bench/placer_telemetry_load.py's Redis, password included
 LOAD_ARGS_ENV = "HANZO_BENCH_TELEMETRY_LOAD"  # its [rate, nodes, gpus, ttl_s] as JSON
@@ -36,7 +37,7 @@ def start_placer(
 ) -> tuple[ChildProcess, str]:
     """A placer process on a free port, pinned to cpus; returns it and its gRPC address once it printed
     PLACER_READY."""
-    env = {"HANZO_PLACER_REDIS_URL": redis_url, "HANZO_PLACER_PORT": "0", **env_overrides}
+    env = {**service_env("placer", redis_url=redis_url, port=0), **env_overrides}
     child = ChildProcess("placer", "services.placer", env, "PLACER_READY", log_path)
     pin(child.pid, cpus)
     return child, _ready(child)["address"]

@@ -19,6 +19,7 @@ from services.mesh.models import CHAT_MODEL, EMBED_MODEL, ModelSet, prepare_mode
 from services.mesh.process import ServiceStartError
 from services.mesh.report import build_report, format_report, write_report
 from services.mesh.serve import access_lines, add_serving_arguments, serving_models, worker_env
+from services.mesh.service_env import service_env
 from services.mesh.stack import Stack, StackConfig, format_process_table, new_run_dir
 from services.mesh.supervise import Supervisor
 from services.mesh.workload import PlannedRequest, plan_workload
@@ -28,7 +29,7 @@ DEFAULT_ROOT = Path(".cache/mesh")
 # worker's default (64) is sized for a GPU: a CPU worker running 8 requests would read as nearly idle in
 # the placer's load score, so the gateway's own rack (worker-1's) would win every pick and the other
 # worker's core would sit unused; against 8 seats, load outweighs the rack after a request or two.
-LOCAL_WORKER_ENV = {"HANZO_WORKER_MAX_NUM_SEQS": "8"}
+LOCAL_WORKER_ENV = service_env("worker", max_num_seqs=8)
 
 
 def _positive_int(text: str) -> int:

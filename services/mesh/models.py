@@ -47,8 +47,3 @@ def smollm2_path() -> Path:
     from services.worker.models.catalog import resolve_model_source
 
     return resolve_model_source(CHAT_MODEL).resolve()
-
-
-def models_env(models: Mapping[str, Path]) -> str:
-    """HANZO_WORKER_MODELS value: "name=path,name=path"."""
-    return ",".join(f"{name}={path}" for name, path in models.items())

@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from services.mesh.models import ModelSet
+from services.mesh.service_env import service_env
 
 NAMED = ("smollm2", "minilm")  # models that ship in Python packages, served by name
 
@@ -60,14 +61,11 @@ def serving_models(models: Sequence[str], names: Sequence[str]) -> ModelSet:
 
 def worker_env(args: argparse.Namespace) -> dict[str, str]:
     """HANZO_WORKER_* settings from the serving options (only those given)."""
-    env = {"HANZO_WORKER_DTYPE": args.dtype}
-    if args.max_model_len is not None:
-        env["HANZO_WORKER_MAX_MODEL_LEN"] = str(args.max_model_len)
-    if args.max_num_seqs is not None:
-        env["HANZO_WORKER_MAX_NUM_SEQS"] = str(args.max_num_seqs)
-    if args.kv_cache_gib is not None:
-        env["HANZO_WORKER_KV_CACHE_BYTES"] = str(int(args.kv_cache_gib * 1024**3))
-    return env
+    kv_bytes = None if args.kv_cache_gib is None else int(args.kv_cache_gib * 1024**3)
+    return service_env(
+        "worker", dtype=args.dtype, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+        kv_cache_bytes=kv_bytes,
+    )  # fmt: skip
 
 
 def access_lines(gateway_address: str, http_address: str, api_key: str) -> str:

@@ -14,9 +14,10 @@ from services.common.internal_auth import ENV as INTERNAL_TOKEN_ENV
 from services.common.internal_auth import token_from_env
 from services.common.redact import redact_url
 from services.common.redis_server import RedisServer, password_from_env
-from services.mesh.models import ModelSet, models_env
+from services.mesh.models import ModelSet
 from services.mesh.process import ChildProcess, ServiceStartError
 from services.mesh.redis_service import SupervisedRedis
+from services.mesh.service_env import service_env
 from services.mesh.supervise import RestartPolicy, Supervised, Supervisor
 
 ZONE = "z1"
@@ -112,19 +113,10 @@ class Stack:
             self.services.append(ServiceInfo("redis", pid, f"127.0.0.1:{self._redis.port}", None, None))
         # A per-run key prefix keeps a shared --redis-url free of nodes left over from earlier runs.
         prefix = f"hanzo-mesh-{cfg.run_dir.name}"
-        placer = self._start_tier(
-            [
-                self._child(
-                    "placer",
-                    "services.placer",
-                    "PLACER_READY",
-                    HANZO_PLACER_PORT=ports.take(),
-                    HANZO_PLACER_METRICS_PORT=ports.take(),
-                    HANZO_PLACER_REDIS_URL=redis_url,
-                    HANZO_PLACER_KEY_PREFIX=prefix,
-                )
-            ]
-        )[0]
+        placer_env = service_env(
+            "placer", port=ports.take(), metrics_port=ports.take(), redis_url=redis_url, key_prefix=prefix
+        )
+        placer = self._start_tier([self._child("placer", "services.placer", "PLACER_READY", placer_env)])[0]
         placer_address = placer.ready["address"]
         self._add_row(placer, f"redis {redact_url(redis_url)} prefix {prefix}")  # the table is printed
         workers = self._start_tier([self._worker(i, ports, placer_address) for i in range(cfg.workers)])
@@ -139,26 +131,28 @@ class Stack:
                 f"telemetry-{i + 1}",
                 "services.telemetry",
                 "TELEMETRY_READY",
-                HANZO_TELEMETRY_NODE_ID=w.ready.get("node_id", f"mesh-w{i + 1}"),
-                HANZO_TELEMETRY_PLACER_ADDRESS=placer_address,
+                service_env(
+                    "telemetry",
+                    node_id=w.ready.get("node_id", f"mesh-w{i + 1}"),
+                    placer_address=placer_address,
+                ),
             )
             for i, w in enumerate(workers)
         ]
-        gateway = self._child(
+        gateway_env = service_env(
             "gateway",
-            "services.gateway",
-            "GATEWAY_READY",
-            HANZO_GATEWAY_PORT=_chosen(cfg.gateway_port, ports),
-            HANZO_GATEWAY_HTTP_PORT=_chosen(cfg.http_port, ports),
-            HANZO_GATEWAY_METRICS_PORT=ports.take(),
-            HANZO_GATEWAY_PLACER_ADDRESS=placer_address,
-            HANZO_GATEWAY_REDIS_URL=redis_url,
-            HANZO_GATEWAY_KEY_PREFIX=prefix,
-            HANZO_GATEWAY_API_KEYS=cfg.api_key,
-            HANZO_GATEWAY_ZONE=ZONE,
-            HANZO_GATEWAY_RACK="r1",
-            HANZO_GATEWAY_HOSTNAME="mesh-gateway",
+            port=_chosen(cfg.gateway_port, ports),
+            http_port=_chosen(cfg.http_port, ports),
+            metrics_port=ports.take(),
+            placer_address=placer_address,
+            redis_url=redis_url,
+            key_prefix=prefix,
+            api_keys=cfg.api_key,
+            zone=ZONE,
+            rack="r1",
+            hostname="mesh-gateway",
         )
+        gateway = self._child("gateway", "services.gateway", "GATEWAY_READY", gateway_env)
         # Telemetry agents and the gateway start together: neither waits on the other.
         self._tiers.append(agents)
         self._tiers.append([gateway])
@@ -201,30 +195,23 @@ class Stack:
     def _worker(self, index: int, ports: _Ports, placer_address: str) -> ChildProcess:
         models = self.config.models.for_worker(index)
         node_id, rack, host = f"mesh-w{index + 1}", f"r{index % 2 + 1}", f"mesh-host-{index + 1}"
-        env: dict[str, str | int] = {
-            "HANZO_WORKER_PORT": ports.take(),
-            "HANZO_WORKER_METRICS_PORT": ports.take(),
-            "HANZO_WORKER_NODE_ID": node_id,
-            "HANZO_WORKER_PLACER_ADDRESS": placer_address,
-            "HANZO_WORKER_MODELS": models_env(models),
-            "HANZO_WORKER_ZONE": ZONE,
-            "HANZO_WORKER_RACK": rack,
-            "HANZO_WORKER_HOSTNAME": host,
-            **self.config.worker_env,
-        }
+        env = service_env(
+            "worker", port=ports.take(), metrics_port=ports.take(), node_id=node_id,
+            placer_address=placer_address, models=models, zone=ZONE, rack=rack, hostname=host,
+        )  # fmt: skip
+        env.update(self.config.worker_env)
         if "OMP_NUM_THREADS" not in os.environ:
             # Each worker's torch would otherwise start one thread per core and the workers would fight
             # over the same cores; split them instead.
-            env["OMP_NUM_THREADS"] = max(1, (os.cpu_count() or 1) // self.config.workers)
-        child = self._child(f"worker-{index + 1}", "services.worker", "WORKER_READY", **env)
+            env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // self.config.workers))
+        child = self._child(f"worker-{index + 1}", "services.worker", "WORKER_READY", env)
         self._details[child.name] = f"{ZONE}/{rack}/{host}, models {', '.join(models)}"
         return child
 
-    def _child(self, name: str, module: str, ready_prefix: str, **env: str | int) -> ChildProcess:
+    def _child(self, name: str, module: str, ready_prefix: str, env: dict[str, str]) -> ChildProcess:
         log_path = self.config.run_dir / f"{name}.log"
-        env_text = {k: str(v) for k, v in env.items()}
-        env_text[INTERNAL_TOKEN_ENV] = self._internal_token  # every service: internal RPCs need it
-        return ChildProcess(name, module, env_text, ready_prefix, log_path)
+        env = {**env, INTERNAL_TOKEN_ENV: self._internal_token}  # every service: internal RPCs need it
+        return ChildProcess(name, module, env, ready_prefix, log_path)
 
     def _start_tier(self, children: list[ChildProcess]) -> list[ChildProcess]:
         # Registered before waiting, so a failure while waiting still stops the whole tier.

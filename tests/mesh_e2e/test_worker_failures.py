@@ -14,6 +14,7 @@ import pytest
 from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc
 from services.common.redis_server import RedisServer
 from services.mesh.process import ChildProcess, start_service
+from services.mesh.service_env import service_env
 from tests.placer.cluster_helpers import eventually, placer_stub
 
 LONG = inference_pb2.SamplingParams(temperature=0.0, max_tokens=900, ignore_eos=True)
@@ -30,30 +31,24 @@ class ProcessMesh:
 @pytest.fixture
 def process_mesh(redis_server: RedisServer, llama_gqa_dir: Path, tmp_path: Path) -> Iterator[ProcessMesh]:
     """Placer, workers w-near (same zone and rack as the gateway, so preferred) and w-far, gateway."""
-    placer = start_service(
-        "placer", "services.placer",
-        {"HANZO_PLACER_REDIS_URL": redis_server.url, "HANZO_PLACER_PORT": "0",
-         "HANZO_PLACER_HEARTBEAT_INTERVAL_S": "0.5"},
-        "PLACER_READY", tmp_path / "placer.log",
-    )  # fmt: skip
+    placer_env = service_env("placer", redis_url=redis_server.url, port=0, heartbeat_interval_s=0.5)
+    placer = start_service("placer", "services.placer", placer_env, "PLACER_READY", tmp_path / "placer.log")
     workers = {}
     for node_id, zone in (("w-near", "z1"), ("w-far", "z2")):
-        workers[node_id] = start_service(
-            node_id, "services.worker",
-            {"HANZO_WORKER_PORT": "0", "HANZO_WORKER_NODE_ID": node_id, "HANZO_WORKER_ZONE": zone,
-             "HANZO_WORKER_RACK": "r1", "HANZO_WORKER_HOSTNAME": f"{node_id}-host",
-             "HANZO_WORKER_PLACER_ADDRESS": placer.ready["address"],
-             "HANZO_WORKER_MODELS": f"llama={llama_gqa_dir}", "HANZO_WORKER_HEARTBEAT_INTERVAL_S": "0.5"},
-            "WORKER_READY", tmp_path / f"{node_id}.log",
+        env = service_env(
+            "worker", port=0, node_id=node_id, zone=zone, rack="r1", hostname=f"{node_id}-host",
+            placer_address=placer.ready["address"], models={"llama": llama_gqa_dir}, heartbeat_interval_s=0.5,
         )  # fmt: skip
-    gateway = start_service(
-        "gateway", "services.gateway",
-        {"HANZO_GATEWAY_PORT": "0", "HANZO_GATEWAY_HTTP_PORT": "0",
-         "HANZO_GATEWAY_PLACER_ADDRESS": placer.ready["address"],
-         "HANZO_GATEWAY_REDIS_URL": redis_server.url,
-         "HANZO_GATEWAY_ZONE": "z1", "HANZO_GATEWAY_RACK": "r1", "HANZO_GATEWAY_HOSTNAME": "gateway-host"},
-        "GATEWAY_READY", tmp_path / "gateway.log",
+        workers[node_id] = start_service(
+            node_id, "services.worker", env, "WORKER_READY", tmp_path / f"{node_id}.log"
+        )
+    gateway_env = service_env(
+        "gateway", port=0, http_port=0, placer_address=placer.ready["address"], redis_url=redis_server.url,
+        zone="z1", rack="r1", hostname="gateway-host",
     )  # fmt: skip
+    gateway = start_service(
+        "gateway", "services.gateway", gateway_env, "GATEWAY_READY", tmp_path / "gateway.log"
+    )
     mesh = ProcessMesh(placer, workers, gateway)
     yield mesh
     for process in (gateway, *workers.values(), placer):
