@@ -14,7 +14,7 @@ from services.common.grpc_server import add_health_and_reflection, bind, new_ser
 from services.common.served import serve_instrumented
 from services.common.tracing import make_tracer_provider, shutdown_tracing
 from services.gateway.auth import ApiKeys
-from services.gateway.config import GatewaySettings
+from services.gateway.config import GatewaySettings, Placement
 from services.gateway.ejections import Ejections
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.openai.app import build_app
@@ -40,7 +40,7 @@ class GatewayApp:
         self.metrics = GatewayMetrics()
         topology = common_pb2.Topology(zone=settings.zone, rack=settings.rack, host=settings.hostname)
         self.replica: PlacerReplica | None = None
-        if settings.placement == "embedded":
+        if settings.placement is Placement.EMBEDDED:
             self.replica = PlacerReplica(
                 settings.redis_url,
                 settings.key_prefix,

@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import enum
 import math
 import os
 import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from services.common.env import env_float, env_int, env_optional_int, env_str
+from services.common.env import env_enum, env_float, env_int, env_optional_int, env_str
 from services.common.internal_auth import token_from_env
+
+
+class Placement(enum.StrEnum):
+    """EMBEDDED: run a placer replica in this process, fed from Redis like any placer (placers are
+    stateless readers of it), and pick without a network hop: a Pick RPC was over half of what the
+    gateway added to time to first token. REMOTE: ask the placer service per request."""
+
+    EMBEDDED = "embedded"
+    REMOTE = "remote"
 
 
 @dataclass(frozen=True)
@@ -33,10 +43,7 @@ class GatewaySettings:
     rack: str = ""
     hostname: str = field(default_factory=socket.gethostname)
     drain_timeout_s: float = 10.0
-    # "embedded": run a placer replica in this process, fed from Redis like any placer (placers are
-    # stateless readers of it), and pick without a network hop: a Pick RPC was over half of what the
-    # gateway added to time to first token. "remote": ask the placer service per request.
-    placement: str = "embedded"
+    placement: Placement = field(default=Placement.EMBEDDED)
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)  # may carry a password
     key_prefix: str = "hanzo"
     resync_interval_s: float = 5.0
@@ -53,8 +60,11 @@ class GatewaySettings:
     rate_limit_burst: int | None = None
 
     def __post_init__(self) -> None:
-        if self.placement not in ("remote", "embedded"):
-            raise ValueError(f"HANZO_GATEWAY_PLACEMENT={self.placement!r}: use remote or embedded")
+        # A plain string (a caller building settings in code) becomes the member, or is refused.
+        choices = "|".join(p.value for p in Placement)
+        if self.placement not in list(Placement):
+            raise ValueError(f"HANZO_GATEWAY_PLACEMENT={self.placement!r}: use {choices}")
+        object.__setattr__(self, "placement", Placement(self.placement))
         if self.rate_limit_burst is not None and self.rate_limit_burst < 1:
             raise ValueError(f"HANZO_GATEWAY_RATE_LIMIT_BURST={self.rate_limit_burst}: must be >= 1")
 
@@ -80,7 +90,7 @@ class GatewaySettings:
             rack=env_str(environ, p + "RACK", ""),
             hostname=env_str(environ, p + "HOSTNAME", socket.gethostname()),
             drain_timeout_s=env_float(environ, p + "DRAIN_TIMEOUT_S", cls.drain_timeout_s, 0.0),
-            placement=env_str(environ, p + "PLACEMENT", cls.placement),
+            placement=env_enum(environ, p + "PLACEMENT", Placement.EMBEDDED),
             redis_url=env_str(environ, p + "REDIS_URL", cls.redis_url),
             key_prefix=env_str(environ, p + "KEY_PREFIX", cls.key_prefix),
             resync_interval_s=env_float(environ, p + "RESYNC_INTERVAL_S", cls.resync_interval_s, 0.01),

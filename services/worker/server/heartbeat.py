@@ -13,7 +13,7 @@ import torch
 from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc
 from services.common.internal_auth import Metadata
 from services.worker.server.config import WorkerSettings
-from services.worker.server.host import GENERATE, ModelHost
+from services.worker.server.host import ModelHost, ModelKind
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def node_report(
         )
         for name, copy in host.host_copies.items()
     ]
-    decoders = [m for m in host.models.values() if m.kind == GENERATE]
+    decoders = [m for m in host.models.values() if m.kind is ModelKind.GENERATE]
     load = placer_pb2.NodeLoad(
         running=sum(m.running for m in decoders),
         waiting=sum(m.waiting for m in decoders),

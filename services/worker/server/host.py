@@ -24,9 +24,9 @@ from services.worker.memory.manager import MemoryManager
 from services.worker.models.catalog import resolve_model_source
 from services.worker.models.config_types import EncoderConfig
 from services.worker.server.config import WorkerSettings
-from services.worker.server.model_builder import EMBED, GENERATE, ServedModel, build_model
+from services.worker.server.model_builder import ModelKind, ServedModel, build_model
 
-__all__ = ["EMBED", "GENERATE", "ModelHost", "ServedModel"]
+__all__ = ["ModelHost", "ModelKind", "ServedModel"]
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,9 @@ class ModelHost:
         self.memory = None
 
     @staticmethod
-    def kind_of(copy: HostCopy) -> str:
-        """GENERATE or EMBED: what the model a host copy holds would serve once reloaded."""
-        return EMBED if isinstance(copy.config, EncoderConfig) else GENERATE
+    def kind_of(copy: HostCopy) -> ModelKind:
+        """What the model a host copy holds would serve once reloaded."""
+        return ModelKind.EMBED if isinstance(copy.config, EncoderConfig) else ModelKind.GENERATE
 
     def _resident(self, name: str) -> ServedModel:
         if not name:

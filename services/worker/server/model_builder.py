@@ -3,6 +3,7 @@ from its checkpoint or from the host copy kept when it was evicted, in the worke
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,20 +26,31 @@ from services.worker.server.config import WorkerSettings
 log = logging.getLogger(__name__)
 _NO_ENGINE = EngineSnapshot()  # an encoder's: nothing queued or cached
 
-GENERATE = "generate"
-EMBED = "embed"
+
+class ModelKind(enum.StrEnum):
+    """What a resident model serves (the kind the worker reports in heartbeats and ListModels)."""
+
+    GENERATE = "generate"
+    EMBED = "embed"
+
+
+class WeightSource(enum.StrEnum):
+    """Where a resident model's weights came from."""
+
+    DISK = "disk"
+    HOST_COPY = "host_copy"
 
 
 @dataclass
 class ServedModel:
-    """One resident model. Exactly one of llm / embedder is set, as kind says. source: "disk" or
-    "host_copy", where its weights came from. in_flight_embeds: Embed calls running on it (decoders
+    """One resident model. Exactly one of llm / embedder is set, as kind says. source: where its
+    weights came from. in_flight_embeds: Embed calls running on it (decoders
     count their requests in the scheduler)."""
 
     name: str
-    kind: str
+    kind: ModelKind
     weight_bytes: int
-    source: str
+    source: WeightSource
     llm: AsyncLLM | None = None
     embedder: EmbeddingEngine | None = None
     in_flight_embeds: int = field(default=0)
@@ -74,13 +86,17 @@ def build_model(
     CheckpointError for a bad checkpoint, OutOfMemoryError when its partition does not fit the arena."""
     s = settings
     if isinstance(source, HostCopy):  # its weights are already in their dtype
-        origin, config, dtype = "host_copy", source.config, str(source.dtype).removeprefix("torch.")
+        origin, config, dtype = (
+            WeightSource.HOST_COPY,
+            source.config,
+            str(source.dtype).removeprefix("torch."),
+        )
     else:
-        origin, config = "disk", load_model_config(source)
+        origin, config = WeightSource.DISK, load_model_config(source)
         dtype = resolve_dtype(s.dtype, s.device, config)
     if isinstance(config, EncoderConfig):
         embedder = EmbeddingEngine(source, dtype=dtype, device=s.device, memory=memory, model_name=name)
-        return ServedModel(name, EMBED, embedder.weight_bytes, origin, embedder=embedder)
+        return ServedModel(name, ModelKind.EMBED, embedder.weight_bytes, origin, embedder=embedder)
     engine_config = EngineConfig(
         dtype=dtype,
         device=s.device,
@@ -98,7 +114,7 @@ def build_model(
         layout.num_kv_blocks, layout.block_size, layout.max_model_len, s.max_num_seqs,
     )  # fmt: skip
     weight_bytes = engine.partition.weight_bytes if engine.partition else _module_bytes(engine.runner.model)
-    return ServedModel(name, GENERATE, weight_bytes, origin, llm=AsyncLLM(engine))
+    return ServedModel(name, ModelKind.GENERATE, weight_bytes, origin, llm=AsyncLLM(engine))
 
 
 def _module_bytes(model: torch.nn.Module) -> int:
