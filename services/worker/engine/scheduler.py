@@ -118,7 +118,9 @@ class Scheduler:
                 "prompt", f"{seq.num_tokens} tokens exceed the KV pool of {self._pool_tokens} tokens"
             )
         seq.priority = self.policy.priority_of(seq)
-        self.policy.check_queue_room(seq, self._waiting_by_class[seq.hints.workload], self._waiting_tokens)
+        self.policy.check_queue_room(
+            seq, len(self._waiting), self._waiting_by_class[seq.hints.workload], self._waiting_tokens
+        )
         self._by_id[seq.request_id] = seq
         self._enqueue(seq)
 

@@ -125,7 +125,8 @@ def _check_field(variable: str, workload: str, name: str, value: object) -> None
 class WorkerSettings:
     """models: the catalog this worker may serve (name -> checkpoint dir); all are loaded at start.
     node_id None means "<hostname>-<bound port>". advertise_address None means the bound address.
-    max_waiting: queued requests per model before new ones get RESOURCE_EXHAUSTED (every class together;
+    max_waiting: queued requests per model before new ones get RESOURCE_EXHAUSTED (every class together,
+    the engine's one queue limit, PolicyConfig.max_waiting;
     class_policies sets each class's own limit, queue timeout and SLOs). scheduling_policy, class_policies,
     latency_reserve and itl_min_efficiency make every engine's PolicyConfig (policy_config()).
     The arena (every model's weights and KV pool, reserved at start): arena_bytes, or on CUDA
@@ -201,6 +202,7 @@ class WorkerSettings:
             classes=self.class_policies,
             latency_reserve=self.latency_reserve,
             itl_min_efficiency=self.itl_min_efficiency,
+            max_waiting=self.max_waiting,
         )
 
     @classmethod

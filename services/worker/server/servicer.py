@@ -10,7 +10,7 @@ import grpc
 from opentelemetry import trace
 
 from hanzo.inference.v1 import inference_pb2, placer_pb2, worker_pb2, worker_pb2_grpc
-from services.common.errors import ResourceExhausted, Unauthenticated
+from services.common.errors import Unauthenticated
 from services.common.sampling import sampling_params
 from services.common.served import Authenticate
 from services.common.tracing import record_span
@@ -86,13 +86,6 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             prompt = prompt_of(request)
         workload = _workload(request.workload_class)
         labels = (request.model, workload.name)
-        # Not yet running: those waiting at the last step and every request submitted since.
-        queued = llm.num_in_flight - llm.snapshot.running
-        if queued >= self.host.settings.max_waiting:
-            self.metrics.rejected.labels(*labels, AdmissionError.QUEUE_FULL).inc()
-            raise ResourceExhausted(
-                f"worker {self.node_id} has {queued} requests queued for {request.model!r}", retry_after_s=1.0
-            )
         hints = SchedulingHints(workload=workload, tenant=request.tenant, deadline=deadline)
         request_id = request.request_id or uuid.uuid4().hex
         started = time.monotonic()

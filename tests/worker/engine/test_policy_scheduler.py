@@ -16,6 +16,7 @@ from services.worker.engine.policy.classes import (
     DEFAULT_CLASS_POLICIES,
     ClassPolicy,
     PolicyConfig,
+    PolicyName,
     SchedulingHints,
 )
 from services.worker.engine.scheduled_batch import ScheduledBatch
@@ -286,6 +287,18 @@ def test_queue_limit_refuses_with_a_retry_hint(workload: WorkloadClass, limit_fi
     assert refused.value.retry_after_s > 0
     assert sched.num_waiting == 2  # nothing accepted was dropped
     sched.add(seq("other", AGENT if workload is BATCH else BATCH))  # other classes have their own limit
+
+
+@pytest.mark.parametrize("policy", [PolicyName.FIFO, PolicyName.ADAPTIVE])
+def test_one_queue_limit_over_every_class_under_either_policy(policy: PolicyName) -> None:
+    """PolicyConfig.max_waiting (the worker's HANZO_WORKER_MAX_WAITING) counts every class together."""
+    sched = scheduler(name=policy, max_waiting=2)
+    sched.add(seq("a", BATCH))
+    sched.add(seq("b", RT))
+    with pytest.raises(AdmissionError, match=r"the queue is full \(2 waiting, limit 2\)") as refused:
+        sched.add(seq("c", AGENT))
+    assert refused.value.reason == AdmissionError.QUEUE_FULL and refused.value.retry_after_s > 0
+    assert sched.num_waiting == 2  # nothing accepted was dropped
 
 
 def test_queue_timeout_refuses_only_never_scheduled_requests() -> None:

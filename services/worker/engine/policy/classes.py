@@ -90,6 +90,9 @@ class PolicyConfig:
     default keeps 90% (the throughput the adaptive policy promises batch work), and on a GPU, where
     step time is nearly flat up to a few hundred tokens, the bound leaves the target more room.
     First-token targets are never bounded this way: they are what the latency classes are promised.
+    max_waiting: requests queued (every class together) before a new one is refused with
+    AdmissionError, under either policy; None: no limit (each class's own max_waiting still applies
+    under adaptive).
     """
 
     name: PolicyName = PolicyName.ADAPTIVE
@@ -100,6 +103,7 @@ class PolicyConfig:
     latency_memory_s: float = 1.0
     layer_preemption: bool = True
     itl_min_efficiency: float = 0.9
+    max_waiting: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "name", PolicyName(self.name))
@@ -110,6 +114,8 @@ class PolicyConfig:
             raise ValueError(f"latency_reserve must be in [0, 1), got {self.latency_reserve}")
         if self.expected_output_tokens < 0:
             raise ValueError(f"expected_output_tokens must be >= 0, got {self.expected_output_tokens}")
+        if self.max_waiting is not None and self.max_waiting < 0:
+            raise ValueError(f"max_waiting must be >= 0 or None, got {self.max_waiting}")
         if self.min_batched_tokens < 1:
             raise ValueError(f"min_batched_tokens must be >= 1, got {self.min_batched_tokens}")
         if not 0.0 <= self.itl_min_efficiency <= 1.0:

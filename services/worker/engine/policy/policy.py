@@ -47,7 +47,9 @@ class SchedulingPolicy(Protocol):
     def reserve_fraction(self, seq: Sequence) -> float: ...
     def reserved_seats(self, seq: Sequence, max_num_seqs: int) -> int: ...
     def tokens_to_hold(self, seq: Sequence) -> int: ...
-    def check_queue_room(self, seq: Sequence, waiting_in_class: int, tokens_ahead: int) -> None: ...
+    def check_queue_room(
+        self, seq: Sequence, waiting: int, waiting_in_class: int, tokens_ahead: int
+    ) -> None: ...
     def queue_timeout(self, seq: Sequence) -> float | None: ...
     def retry_after(self, tokens_ahead: int) -> float: ...
     def observe_step(self, num_tokens: int, num_seqs: int, seconds: float) -> None: ...
@@ -80,6 +82,17 @@ class _Measured:
 
     def reserve_fraction(self, seq: Sequence) -> float:
         return 0.0
+
+    def check_queue_room(self, seq: Sequence, waiting: int, waiting_in_class: int, tokens_ahead: int) -> None:
+        """AdmissionError when the queue already holds max_waiting requests (every class together)."""
+        limit = self.config.max_waiting
+        if limit is not None and waiting >= limit:
+            raise self._full(f"the queue is full ({waiting} waiting, limit {limit})", tokens_ahead)
+
+    def _full(self, why: str, tokens_ahead: int) -> AdmissionError:
+        return AdmissionError(
+            why, retry_after_s=self.retry_after(tokens_ahead), reason=AdmissionError.QUEUE_FULL
+        )
 
     def retry_after(self, tokens_ahead: int) -> float:
         """Seconds until the engine has likely worked through tokens_ahead, from its measured rate."""
@@ -121,9 +134,6 @@ class FifoPolicy(_Measured):
 
     def tokens_to_hold(self, seq: Sequence) -> int:
         return 0
-
-    def check_queue_room(self, seq: Sequence, waiting_in_class: int, tokens_ahead: int) -> None:
-        pass
 
     def queue_timeout(self, seq: Sequence) -> float | None:
         return None
@@ -179,15 +189,13 @@ class AdaptivePolicy(_Measured):
         expected = min(seq.params.max_tokens - seq.num_output_tokens, self.config.expected_output_tokens)
         return seq.num_tokens - seq.num_computed_tokens + max(0, expected)
 
-    def check_queue_room(self, seq: Sequence, waiting_in_class: int, tokens_ahead: int) -> None:
-        """Raise AdmissionError when seq's class already has its limit of waiting requests."""
+    def check_queue_room(self, seq: Sequence, waiting: int, waiting_in_class: int, tokens_ahead: int) -> None:
+        """AdmissionError when the queue is full, or seq's class already has its limit waiting."""
+        super().check_queue_room(seq, waiting, waiting_in_class, tokens_ahead)
         limit = self.class_of(seq).max_waiting
         if limit is not None and waiting_in_class >= limit:
-            raise AdmissionError(
-                f"the {seq.hints.workload.name} queue is full ({waiting_in_class} waiting, limit {limit})",
-                retry_after_s=self.retry_after(tokens_ahead),
-                reason=AdmissionError.QUEUE_FULL,
-            )
+            why = f"the {seq.hints.workload.name} queue is full ({waiting_in_class} waiting, limit {limit})"
+            raise self._full(why, tokens_ahead)
 
     def queue_timeout(self, seq: Sequence) -> float | None:
         """Seconds seq may wait for its first schedule; None: no limit."""
