@@ -185,23 +185,18 @@ class Scheduler:
         # long prompt that happened to arrive with it (that one gets the next urgent step).
         level = head.priority
         now = time.monotonic() if now is None else now
-        bm = self.block_manager
         batch = ScheduledBatch(budget=self.config.max_num_batched_tokens)
         budget = batch.budget
         while eligible(head) and budget > 0:
             assert head is not None
             if head.priority != level:
                 break
-            if len(self._running) >= self.config.max_num_seqs:
+            # The ordinary admission, with nothing it may displace: every running sequence counts as
+            # already scheduled (a batch may be executing), so only free seats and blocks are taken.
+            held = len(self._running)
+            n, _ = self._admit(head, batch, budget, held, held, 0)
+            if n == 0:
                 break
-            bm.admit(head)
-            n = min(head.num_tokens - head.num_computed_tokens, budget)
-            need = max(n, policy.tokens_to_hold(head))
-            if bm.blocks_needed(head, need) + self._watermark_blocks > bm.num_free_blocks:
-                bm.unadmit(head)
-                break
-            if not bm.allocate(head, n):
-                raise AssertionError("allocate failed after blocks_needed said it fits")  # a bug
             self._count_out(self._waiting.pop())
             self._start_running(head, now)
             bisect.insort(self._running, head, key=policy.running_key)
