@@ -45,7 +45,7 @@ class WeightSource(enum.StrEnum):
 class ServedModel:
     """One resident model. Exactly one of llm / embedder is set, as kind says. source: where its
     weights came from. in_flight_embeds: Embed calls running on it (decoders
-    count their requests in the scheduler)."""
+    count theirs in AsyncLLM.num_in_flight)."""
 
     name: str
     kind: ModelKind
