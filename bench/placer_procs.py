@@ -13,7 +13,6 @@ from services.mesh.process import ChildProcess
 from services.mesh.service_env import service_env
 
 REDIS_URL_ENV = "HANZO_BENCH_REDIS_URL"  # bench/placer_telemetry_load.py's Redis, password included
-LOAD_ARGS_ENV = "HANZO_BENCH_TELEMETRY_LOAD"  # its [rate, nodes, gpus, ttl_s] as JSON
 
 
 def cpu_layout() -> tuple[set[int], set[int]]:
@@ -47,10 +46,13 @@ def start_telemetry_load(
     redis_url: str, rate: float, nodes: int, gpus: int, ttl_s: float, cpus: set[int], log_path: Path
 ) -> ChildProcess:
     """bench/placer_telemetry_load.py writing `rate` samples per second, pinned to cpus, once it printed
-    TELEMETRY_READY (its flags come from the environment: the launcher runs modules, without arguments)."""
+    TELEMETRY_READY."""
     # The URL carries Redis's password: in the environment, not on a command line `ps` shows.
-    env = {REDIS_URL_ENV: redis_url, LOAD_ARGS_ENV: json.dumps([rate, nodes, gpus, ttl_s])}
-    child = ChildProcess("telemetry-load", "bench.placer_telemetry_load", env, "TELEMETRY_READY", log_path)
+    env = {REDIS_URL_ENV: redis_url}
+    args = ("--rate", str(rate), "--nodes", str(nodes), "--gpus", str(gpus), "--ttl-s", str(ttl_s))
+    child = ChildProcess(
+        "telemetry-load", "bench.placer_telemetry_load", env, "TELEMETRY_READY", log_path, args
+    )
     pin(child.pid, cpus)
     # Lowest priority: on a 2-core machine the load must share a core with a measured process, and a
     # background stream should not delay a latency-sensitive one that wakes up (as on a real node).

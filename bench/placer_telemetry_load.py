@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from bench.placer_cluster import ClusterShape, gpu_sample
-from bench.placer_procs import LOAD_ARGS_ENV, REDIS_URL_ENV
+from bench.placer_procs import REDIS_URL_ENV
 from hanzo.inference.v1 import cluster_state_pb2
 from services.placer.cluster.schema import Keys
 from services.placer.cluster.store import ClusterStore
@@ -47,14 +47,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gpus", type=int, default=8)
     parser.add_argument("--ttl-s", type=float, default=3600.0, help="TTL of each thermal key")
     parser.add_argument("--seed", type=int, default=1)
-    # Started by bench/placer_procs.py through the mesh's launcher, which passes no arguments: its
-    # [rate, nodes, gpus, ttl_s] come in the environment instead.
-    preset = os.environ.get(LOAD_ARGS_ENV)
-    argv = None
-    if preset:
-        rate, nodes, gpus, ttl_s = json.loads(preset)
-        argv = ["--rate", str(rate), "--nodes", str(nodes), "--gpus", str(gpus), "--ttl-s", str(ttl_s)]
-    args = parser.parse_args(argv)
+    args = parser.parse_args()
     if not args.redis_url:
         parser.error(f"give --redis-url or set {REDIS_URL_ENV}")
     return args

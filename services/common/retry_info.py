@@ -9,6 +9,7 @@ from collections.abc import Iterable
 
 import grpc
 from google.protobuf import any_pb2
+from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
@@ -34,10 +35,14 @@ def retry_trailers(code: grpc.StatusCode, message: str, retry_after_s: float | N
 
 
 def retry_after_from_details(details: bytes) -> float | None:
-    """The RetryInfo delay inside a serialized google.rpc.Status; None when it carries none."""
+    """The RetryInfo delay inside a serialized google.rpc.Status; None when it carries none, or is not
+    one (a peer's malformed trailer must not turn its refusal into a bug of ours)."""
     if not details:
         return None
-    status = status_pb2.Status.FromString(details)
+    try:
+        status = status_pb2.Status.FromString(details)
+    except DecodeError:
+        return None
     for detail in status.details:
         if detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             info = error_details_pb2.RetryInfo()

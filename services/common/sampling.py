@@ -1,12 +1,11 @@
 """Per-request sampling parameters, validated at construction: the engine samples with them, and the
-gateway builds them from a request (sampling_params) to refuse bad values before placing it, so both
-apply the same rules."""
+gateway builds them from a request (sampling_proto.py) to refuse bad values before placing it, so both
+apply the same rules. No protobuf here: the engine runs without the generated code."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hanzo.inference.v1 import inference_pb2
 from services.common.errors import InvalidArgument
 
 
@@ -58,19 +57,3 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
-
-
-def sampling_params(proto: inference_pb2.SamplingParams) -> SamplingParams:
-    """A request's sampling parameters; unset fields keep the defaults. InvalidArgument on bad values."""
-    kwargs: dict[str, object] = {
-        "stop": tuple(proto.stop),
-        "stop_token_ids": tuple(proto.stop_token_ids),
-        "ignore_eos": proto.ignore_eos,
-        "min_tokens": proto.min_tokens,
-    }
-    for name in ("temperature", "top_p", "max_tokens", "seed"):
-        if proto.HasField(name):
-            kwargs[name] = getattr(proto, name)
-    if proto.HasField("top_k") and proto.top_k > 0:
-        kwargs["top_k"] = proto.top_k
-    return SamplingParams(**kwargs)  # type: ignore[arg-type]

@@ -43,7 +43,7 @@ class GatewaySettings:
     rack: str = ""
     hostname: str = field(default_factory=socket.gethostname)
     drain_timeout_s: float = 10.0
-    placement: Placement = field(default=Placement.EMBEDDED)
+    placement: Placement = Placement.EMBEDDED
     redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)  # may carry a password
     key_prefix: str = "hanzo"
     resync_interval_s: float = 5.0

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from hanzo.inference.v1 import inference_pb2
 from services.common.chat import template_inputs
 from services.common.errors import InvalidArgument
-from services.common.sampling import sampling_params
+from services.common.sampling_proto import sampling_params
 
 
 def validate_generate(request: inference_pb2.GenerateRequest) -> str | Sequence[int]:

@@ -27,10 +27,15 @@ class LinkBroken(grpc.aio.AioRpcError):
     closed the call; the gateway leaves such a worker out of its picks for a while (ejections.py)."""
 
 
-def _error(code: grpc.StatusCode, details: str, status_details: bytes = b"") -> grpc.aio.AioRpcError:
+def _error(
+    code: grpc.StatusCode,
+    details: str,
+    status_details: bytes = b"",
+    kind: type[grpc.aio.AioRpcError] = grpc.aio.AioRpcError,
+) -> grpc.aio.AioRpcError:
     """The error a Generate call would have raised, its rich status (RetryInfo) in the trailers."""
     trailing = grpc.aio.Metadata((DETAILS_KEY, status_details)) if status_details else grpc.aio.Metadata()
-    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), trailing, details)
+    return kind(code, grpc.aio.Metadata(), trailing, details)
 
 
 class LinkStream:
@@ -142,12 +147,8 @@ class _LinkCall:
         finally:
             self.broken = True
             self._writer.cancel()
-            error = LinkBroken(
-                grpc.StatusCode.UNAVAILABLE,
-                grpc.aio.Metadata(),
-                grpc.aio.Metadata(),
-                f"link to worker {self.address} broke ({reason})",
-            )
+            why = f"link to worker {self.address} broke ({reason})"
+            error = _error(grpc.StatusCode.UNAVAILABLE, why, kind=LinkBroken)
             for stream in self.streams.values():
                 stream.deliver(error)
             self.streams.clear()

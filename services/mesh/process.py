@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from services.common.parent_death import launcher_env
@@ -26,9 +26,19 @@ class ChildProcess:
     """A started service. `ready` holds the key=value pairs of its READY line once wait_ready returned.
     Starting does not wait, so several children can start together; start_service starts one and waits."""
 
-    def __init__(self, name: str, module: str, env: Mapping[str, str], ready_prefix: str, log_path: Path):
+    def __init__(
+        self,
+        name: str,
+        module: str,
+        env: Mapping[str, str],
+        ready_prefix: str,
+        log_path: Path,
+        args: Sequence[str] = (),
+    ):
+        """Runs `python -m module *args` with env over this process's environment."""
         self.name = name
         self.module = module
+        self.args = tuple(args)
         self.env = dict(env)
         self.ready_prefix = ready_prefix
         self.log_path = log_path
@@ -39,7 +49,7 @@ class ChildProcess:
             # A reused log holds earlier runs' READY lines: only what this child writes counts.
             self._read_offset = log.tell()
             self.process = subprocess.Popen(
-                [sys.executable, "-m", module],
+                [sys.executable, "-m", module, *self.args],
                 cwd=ROOT,
                 env={**os.environ, **env, "PYTHONUNBUFFERED": "1", **launcher_env()},
                 stdin=subprocess.DEVNULL,
@@ -97,7 +107,7 @@ class ChildProcess:
             bound = self.ready.get(key, "")
             if var in env and ":" in bound:
                 env[var] = bound.rsplit(":", 1)[1]
-        return ChildProcess(self.name, self.module, env, self.ready_prefix, self.log_path)
+        return ChildProcess(self.name, self.module, env, self.ready_prefix, self.log_path, self.args)
 
     def terminate(self) -> None:
         """Ask for a graceful stop (SIGTERM: in-flight work drains); no-op if it already exited."""

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from pathlib import Path
 
 from services.gateway.config import GatewaySettings
 from services.placer.config import PlacerSettings
@@ -44,8 +43,3 @@ def service_env(service: str, **settings: object) -> dict[str, str]:
             value = ",".join(f"{key}={path}" for key, path in value.items())
         env[f"HANZO_{service.upper()}_{name.upper()}"] = str(value)
     return env
-
-
-def models_env(models: Mapping[str, Path]) -> str:
-    """HANZO_WORKER_MODELS value: "name=path,name=path"."""
-    return service_env("worker", models=models)["HANZO_WORKER_MODELS"]

@@ -35,6 +35,7 @@ def test_retry_delay_round_trips_through_the_trailer(seconds: float) -> None:
         ((), None),
         ((("other-bin", b"x"),), None),
         (((DETAILS_KEY, status_pb2.Status(code=8, message="no details").SerializeToString()),), None),
+        (((DETAILS_KEY, b"\xff\xff not a status"),), None),  # a malformed trailer: no advice, no crash
     ],
 )
 def test_trailers_without_retry_info_ask_for_no_delay(trailers, expected) -> None:

@@ -111,7 +111,8 @@ class AsyncLLM:
         # At most one command taken off the queue mid-step and kept for after the step (None: shutdown).
         self._deferred: list[_Command | None] = []
         self._interrupts = StepInterrupts(poll=self._poll_adds, deliver=self._deliver_nested)
-        # Replaced (one reference assignment) by the engine thread after its commands and each step.
+        # Replaced (one reference assignment) by the engine thread after its commands, each step and
+        # before each delivery.
         self.snapshot: EngineSnapshot = snapshot_of(engine)
 
     @property
@@ -249,16 +250,19 @@ class AsyncLLM:
             while True:
                 # Block only when there is nothing to step; otherwise drain whatever arrived meanwhile.
                 block = not engine.has_unfinished_requests()
+                applied = self._applied
                 if not self._apply_commands(block):
                     return
-                self.snapshot = snapshot_of(engine)
                 if not engine.has_unfinished_requests():
-                    self._deliver([], True)
+                    self._deliver([], True)  # publishes the snapshot
                     continue
+                if self._applied != applied:  # the queues changed: publish them before a long step
+                    self.snapshot = snapshot_of(engine)
                 outputs = engine.step(self._interrupts)
-                self.snapshot = snapshot_of(engine)
                 if outputs:
                     self._deliver(outputs, not engine.has_unfinished_requests())
+                else:  # a prefill chunk: its blocks are taken, nothing to deliver
+                    self.snapshot = snapshot_of(engine)
         except BaseException as exc:  # the engine is unusable: tell every waiting stream why
             log.exception("engine step failed; failing all requests")
             self._dead = exc

@@ -80,11 +80,9 @@ class LLMEngine:
         self.memory = memory
         self._placed: PlacedModel | None = None
         self._evicted = False
-        planned: list[EngineLayout] = []  # the layout planned for an arena's partition, once
 
-        def kv_bytes(model: DecoderConfig) -> int:
-            planned.append(plan_layout(self.config, model, self.device, in_arena=True))
-            return planned[0].kv_cache_bytes
+        def kv_bytes(model: DecoderConfig) -> int:  # the pool an arena's partition reserves
+            return plan_layout(self.config, model, self.device, in_arena=True).kv_cache_bytes
 
         placement = place_model(
             model_dir, _decoder_config, dtype=self.config.dtype, device=self.device, memory=memory,
@@ -94,12 +92,14 @@ class LLMEngine:
         self.model_name, self._placed = placement.name, placement.placed
         spec = kv_spec(self.config, self.model_config)
         prefix_caching = self.config.enable_prefix_caching
-        if self._placed is None:  # alone: on CUDA the pool is sized by the memory left after the weights
-            layout = plan_layout(self.config, self.model_config, self.device, in_arena=False)
+        # Alone on CUDA the pool is sized by the memory left after the weights; in an arena, as kv_bytes
+        # reserved it (in_arena plans without asking the device, so it plans the same again).
+        layout = plan_layout(self.config, self.model_config, self.device, in_arena=self._placed is not None)
+        if self._placed is None:
             self.kv = KVPool.allocated(spec, layout, self.device, prefix_caching)
         else:
             assert memory is not None  # placed in its arena
-            self.kv = KVPool.in_partition(spec, planned[0], memory, self._placed.partition, prefix_caching)
+            self.kv = KVPool.in_partition(spec, layout, memory, self._placed.partition, prefix_caching)
         self.tokenizer = self.loaded.tokenizer
         self.packed_weight_bytes = 0  # packed CPU copies of the weights (EngineConfig.pack_cpu_weights)
         if self.config.pack_cpu_weights and self.device.type == "cpu":

@@ -11,7 +11,7 @@ from opentelemetry import trace
 
 from hanzo.inference.v1 import inference_pb2, placer_pb2, worker_pb2, worker_pb2_grpc
 from services.common.errors import Unauthenticated
-from services.common.sampling import sampling_params
+from services.common.sampling_proto import sampling_params
 from services.common.served import Authenticate
 from services.common.tracing import record_span
 from services.common.workload import WorkloadClass
