@@ -14,6 +14,8 @@ ties two modules together):
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
@@ -145,6 +147,24 @@ def test_layers_import_only_downwards(importers: tuple[str, ...], forbidden: tup
 def test_scheduling_needs_no_torch(package: str) -> None:
     for module in (m for m in modules() if _within(m, (package,))):
         assert "torch" not in reachable(module), module
+
+
+def test_scheduling_loads_no_torch_when_imported() -> None:
+    """What Python does on import, parent packages' __init__ included (which the walk above does not
+    follow): a fresh interpreter importing every scheduler and policy module has no torch loaded."""
+    wanted = sorted(
+        m
+        for m in modules()
+        if _within(m, ("services.worker.engine.scheduler", "services.worker.engine.policy"))
+    )
+    script = (
+        f"import importlib, sys\nfor m in {wanted!r}: importlib.import_module(m)\n"
+        "print('torch' in sys.modules)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
+    )
+    assert result.stdout.strip() == "False"
 
 
 def test_the_checks_see_real_imports() -> None:

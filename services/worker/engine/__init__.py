@@ -1,8 +1,10 @@
 """The worker's inference engine: continuous batching over a paged KV cache.
 
-Names are resolved on first use (PEP 562), so a process that only needs the light modules (the errors)
-does not import torch and carry its objects. SamplingParams lives in services/common/sampling.py (the
-gateway validates with it) and is part of the engine's API as vLLM's is of vLLM's."""
+The facade below (vLLM's names: LLM, SamplingParams, ...) is resolved on first use (PEP 562): the
+scheduler, the policy, sequences and errors are torch-free, and code that needs only them (the policy's
+tests, the fleet simulator) must not import torch through this package. SamplingParams lives in
+services/common/sampling.py (the gateway validates with it) and is part of the engine's API as vLLM's
+is of vLLM's."""
 
 from __future__ import annotations
 

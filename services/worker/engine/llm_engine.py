@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from services.worker.memory.placement import (
 )
 from services.worker.models.config_types import DecoderConfig, EncoderConfig
 from services.worker.models.linear import pack_model, unpack_model
+from services.worker.models.preemption import PreemptionPoints
 
 _URGENT_ROUNDS = 4  # urgent steps at most, back to back, before a step's ordinary batch
 
@@ -218,7 +218,7 @@ class LLMEngine:
 
         Under a policy with layer preemption, latency-class prompts already waiting first get a step of
         their own (before the batch step, which then keeps its size). With interrupts, the step also
-        polls for arrivals between its blocks (see LlamaForCausalLM.forward) and runs those prompts at
+        polls for arrivals at its preemption points (models/preemption.py) and runs those prompts at
         once, nested, handing their outputs to interrupts.deliver; without, they are returned with this
         step's."""
         self._check_resident()
@@ -241,20 +241,18 @@ class LLMEngine:
             self._forget(seq.request_id)
             outputs.append(make_output(seq, [], "", error))
         if batch.seqs:
-            between = None
+            points = None
             if interrupts is not None and self.scheduler.policy.preempts_between_layers:
-                between = self._between_layers(interrupts, None)
-            outputs += self._run(batch, between)
+                points = self._preemption_points(interrupts, None)
+            outputs += self._run(batch, points)
         return outputs
 
-    def _run(
-        self, batch: ScheduledBatch, between_layers: Callable[[], None] | None = None
-    ) -> list[RequestOutput]:
+    def _run(self, batch: ScheduledBatch, preemption: PreemptionPoints | None = None) -> list[RequestOutput]:
         """Execute a scheduled batch and apply it: outputs for the sequences that sampled a token."""
         stats = self.stats
         nested_before = self._nested_s
         started = time.perf_counter()
-        sampled = self.runner.execute(batch, between_layers)
+        sampled = self.runner.execute(batch, preemption)
         # Steps nested between this one's layers are timed on their own: the step-time model learns
         # what this shape costs, not what happened to run inside it.
         seconds = time.perf_counter() - started - (self._nested_s - nested_before)
@@ -284,30 +282,30 @@ class LLMEngine:
         batch = self.scheduler.schedule_urgent(outranking=outranking.seqs if outranking else None)
         if batch is None:
             return []
-        between = None
+        points = None
         if interrupts is not None and outranking is None:
-            between = self._between_layers(interrupts, batch)
+            points = self._preemption_points(interrupts, batch)
         nested_before = self._nested_s
         started = time.perf_counter()
-        outputs = self._run(batch, between)
+        outputs = self._run(batch, points)
         # Set, not added to: steps nested inside this one counted themselves already, and are part of it.
         self._nested_s = nested_before + time.perf_counter() - started
         self.stats.urgent_steps += 1
         return outputs
 
-    def _between_layers(
+    def _preemption_points(
         self, interrupts: StepInterrupts, executing: ScheduledBatch | None
-    ) -> Callable[[], None]:
-        """The hook run between the blocks of a step: take arrivals, run urgent prompts nested.
+    ) -> PreemptionPoints:
+        """What runs at the preemption points of a step: take arrivals, run urgent prompts nested.
         executing: the urgent batch being interrupted (None: an ordinary step, any urgent prompt may)."""
 
-        def between_layers() -> None:
+        def run_urgent_arrivals() -> None:
             interrupts.poll()
             outputs = self._run_urgent(interrupts, executing)
             if outputs:
                 interrupts.deliver(outputs)
 
-        return between_layers
+        return PreemptionPoints(run_urgent_arrivals)
 
     def evict(self, *, abort_running: bool = False, keep_host_copy: bool = True) -> HostCopy | None:
         """Give the model's partition back to the arena, first copying its weights to host memory (pinned

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -11,13 +10,14 @@ from services.worker.engine.kv_cache import KVCaches, KVCacheSpec
 from services.worker.engine.sampler import Sampler
 from services.worker.engine.scheduled_batch import ScheduledBatch
 from services.worker.engine.sequence import Sequence
-from services.worker.models.cpu_kernels import paged_decode_kernel
+from services.worker.models.cpu_kernels import PagedDecode, paged_decode_kernel
 from services.worker.models.paged_attention import (
     AttentionMetadata,
     DecodeGroup,
     PagedAttention,
     PrefillChunk,
 )
+from services.worker.models.preemption import PreemptionPoints
 
 _CPU_DECODE_GROUP = 8  # measured: 8 groups of 4 or 4 of 8 beat 1 of 32 about 4x (paged_attention.py)
 _KERNEL_DTYPES = (torch.float32, torch.bfloat16)  # what cpu_kernels' paged_decode is built for
@@ -52,7 +52,7 @@ class ModelRunner:
         self.device = device
         self.kv_caches = kv_caches
         self.num_blocks = kv_caches[0][0].shape[0]
-        self.attention = PagedAttention(self.kv_caches)
+        self.decode_kernel: PagedDecode | None = None
         self.sampler = Sampler(device, seed)
         self._pin = device.type == "cuda"
         self.decode_group_size: int | None = None
@@ -63,7 +63,6 @@ class ModelRunner:
         was resized or moved. Call between steps."""
         self.kv_caches = kv_caches
         self.num_blocks = kv_caches[0][0].shape[0]
-        self.attention.kv_caches = kv_caches
         self._choose_decode_path()
 
     def _choose_decode_path(self) -> None:
@@ -79,22 +78,20 @@ class ModelRunner:
             and v.is_contiguous()
         ):
             kernel = paged_decode_kernel()
-        self.attention.decode_kernel = kernel
+        self.decode_kernel = kernel
         cpu_groups = self.device.type == "cpu" and kernel is None
         self.decode_group_size = _CPU_DECODE_GROUP if cpu_groups else None
 
     @torch.inference_mode()
-    def execute(
-        self, batch: ScheduledBatch, between_layers: Callable[[], None] | None = None
-    ) -> list[int | None]:
+    def execute(self, batch: ScheduledBatch, preemption: PreemptionPoints | None = None) -> list[int | None]:
         """Run the batch; the sampled token per sequence (None for a prefill chunk that samples nothing).
-        between_layers: see LlamaForCausalLM.forward; it may call execute() for another batch. Also called
-        once the logits are computed (the LM head of a wide batch is a long stretch on its own)."""
+        preemption: the forward's preemption points (models/preemption.py); what runs there may call
+        execute() for another batch. Also called once the logits are computed (the LM head of a wide
+        batch is a long stretch on its own)."""
         inputs = self.prepare(batch)
-        inputs.metadata.checkpoint = between_layers
-        logits = self.forward(inputs, between_layers)
-        if between_layers is not None:
-            between_layers()
+        logits = self.forward(inputs, preemption)
+        if preemption is not None:
+            preemption()
         sampled: list[int | None] = [None] * len(batch.seqs)
         if inputs.sample_batch_index:
             seqs = [batch.seqs[i] for i in inputs.sample_batch_index]
@@ -105,16 +102,11 @@ class ModelRunner:
         return sampled
 
     @torch.inference_mode()
-    def forward(self, inputs: StepInputs, between_layers: Callable[[], None] | None = None) -> torch.Tensor:
+    def forward(self, inputs: StepInputs, preemption: PreemptionPoints | None = None) -> torch.Tensor:
         """Logits [S, vocab] (float32) for the sampling rows of a prepared step."""
-        # Restored after: a forward nested between another's layers must leave that one's metadata.
-        outer = self.attention.metadata
-        self.attention.metadata = inputs.metadata
-        try:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.attention, between_layers)
-        finally:
-            self.attention.metadata = outer
-        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows), between_layers)
+        attention = PagedAttention(self.kv_caches, inputs.metadata, self.decode_kernel, preemption)
+        hidden = self.model(inputs.input_ids, inputs.positions, attention)
+        return self.model.compute_logits(hidden.index_select(0, inputs.sample_rows), preemption)
 
     def prepare(self, batch: ScheduledBatch) -> StepInputs:
         """Flatten the batch, decodes first, and build every index tensor the attention needs."""
@@ -149,7 +141,7 @@ class ModelRunner:
         to = self._to_device
         groups = []
         size = self.decode_group_size or max(1, num_decodes)
-        masked = self.attention.decode_kernel is None
+        masked = self.decode_kernel is None
         for start in range(0, num_decodes, size):
             end = min(start + size, num_decodes)
             context_lens = positions_t[start:end] + 1

@@ -5,7 +5,10 @@ step's shapes at a third to a half of oneDNN's rate (SmolLM2's gate/up product f
 6.9 ms against 2.2; its 49152-entry LM head: 64 ms against 39). torch ships oneDNN and exposes its
 linear as torch.ops.mkldnn._linear_pointwise (the kernel Inductor's CPU code calls), taking and giving
 ordinary dense tensors. It is used for float32 on CPU with a row-major weight; everything else (CUDA,
-other dtypes, a column-major weight laid out for MKL by weight_order) keeps F.linear.
+other dtypes, a column-major weight laid out for MKL by weight_order) keeps F.linear. So does a forward
+being traced by torch.compile: Inductor chooses its own kernel for F.linear (oneDNN on CPU, with the
+weights packed once when it freezes them), and cannot lower an explicit oneDNN call on a weight it
+does not hold as a constant.
 
 Packed weights (pack_linears): oneDNN reorders a plain weight into its blocked layout on every call,
 which for a decode step's few rows costs more than the product itself. A copy packed once
@@ -33,7 +36,13 @@ PACK_ROWS = 16  # the row count oneDNN is told to expect: decode steps, where pa
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T + bias, as F.linear (x [..., in], weight [out, in]), by the faster kernel for it."""
-    if _ONEDNN and x.dtype == torch.float32 and x.device.type == "cpu" and weight.is_contiguous():
+    if (
+        _ONEDNN
+        and x.dtype == torch.float32
+        and x.device.type == "cpu"
+        and weight.is_contiguous()
+        and not torch.compiler.is_compiling()
+    ):
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     return F.linear(x, weight, bias)
 
@@ -60,7 +69,8 @@ class Linear(nn.Linear):
     packed: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None and x.dtype == self.weight.dtype:
+        packed = self.packed is not None and x.dtype == self.weight.dtype
+        if packed and not torch.compiler.is_compiling():  # see the module docstring on torch.compile
             return packed_linear(x, self.packed, self.bias)
         return linear(x, self.weight, self.bias)
 

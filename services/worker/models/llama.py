@@ -7,7 +7,7 @@ matmuls, which on small models saves most of the per-layer call overhead.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -27,6 +27,7 @@ from services.worker.models.linear import (
     unpack_linears,
 )
 from services.worker.models.paged_attention import PagedAttention
+from services.worker.models.preemption import VOCAB_PER_SLICE, PreemptionPoints, in_row_slices
 from services.worker.models.rope import apply_rope, rope_cos_sin, rope_inv_freq
 
 # HF tensor suffix -> (our parameter suffix, which shard of the fused parameter it fills)
@@ -38,30 +39,6 @@ _FUSED = {
     "mlp.up_proj": ("mlp.gate_up_proj", "up"),
 }
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
-# Under layer-level preemption, a step's projections and MLP run this many token rows between two
-# checkpoints.
-_CHECKPOINT_ROWS = 128
-# ... and the LM head this many vocabulary entries.
-_CHECKPOINT_VOCAB = 8192
-
-
-def _in_row_slices(
-    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, between: Callable[[], None] | None
-) -> torch.Tensor:
-    """fn(x) for an fn of independent rows; under layer preemption (between given) in slices of
-    _CHECKPOINT_ROWS rows with a checkpoint between them: a wide step's projections and MLP are its
-    longest stretches, and slicing changes nothing but where other steps may cut in."""
-    rows = x.shape[0]
-    if between is None or rows <= _CHECKPOINT_ROWS:
-        return fn(x)
-    first = fn(x[:_CHECKPOINT_ROWS])
-    out = first.new_empty((rows, *first.shape[1:]))
-    out[:_CHECKPOINT_ROWS] = first
-    for start in range(_CHECKPOINT_ROWS, rows, _CHECKPOINT_ROWS):
-        between()
-        end = min(start + _CHECKPOINT_ROWS, rows)
-        out[start:end] = fn(x[start:end])
-    return out
 
 
 class RMSNorm(nn.Module):
@@ -94,16 +71,15 @@ class Attention(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         attn: PagedAttention,
-        between: Callable[[], None] | None = None,
     ) -> torch.Tensor:
         tokens = x.shape[0]
-        qkv = _in_row_slices(self.qkv_proj, x, between)
+        qkv = in_row_slices(self.qkv_proj, x, attn.preemption)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = apply_rope(q.view(tokens, self.num_heads, self.head_dim), cos, sin)  # [T, H, D]
         k = apply_rope(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
         out = attn.forward(self.layer_idx, q, k, v)  # [T, H * D]
-        return _in_row_slices(self.o_proj, out, between)
+        return in_row_slices(self.o_proj, out, attn.preemption)
 
 
 class MLP(nn.Module):
@@ -127,18 +103,14 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        attn: PagedAttention,
-        between: Callable[[], None] | None = None,
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attn: PagedAttention
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn, between)
-        if between is None:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, attn)
+        points = attn.preemption
+        if points is None:
             return x + self.mlp(self.post_attention_layernorm(x))
-        between()
-        return x + _in_row_slices(self.mlp, self.post_attention_layernorm(x), between)
+        points()
+        return x + in_row_slices(self.mlp, self.post_attention_layernorm(x), points)
 
 
 class LlamaModel(nn.Module):
@@ -166,13 +138,13 @@ class LlamaForCausalLM(nn.Module):
 
     def pack_weights(self) -> int:
         """CPU: packed copies of every product's weight (linear.py), the LM head's also in the
-        vocabulary slices compute_logits takes under layer preemption; the bytes they add."""
+        vocabulary slices compute_logits takes under preemption points; the bytes they add."""
         added = pack_linears(self)
         weight = self.lm_head.weight
-        if packable(weight) and weight.shape[0] > _CHECKPOINT_VOCAB:
+        if packable(weight) and weight.shape[0] > VOCAB_PER_SLICE:
             vocab = weight.shape[0]
             self._head_slices = [
-                pack(weight[s : s + _CHECKPOINT_VOCAB]) for s in range(0, vocab, _CHECKPOINT_VOCAB)
+                pack(weight[s : s + VOCAB_PER_SLICE]) for s in range(0, vocab, VOCAB_PER_SLICE)
             ]
             added += weight.numel() * weight.element_size()
         return added
@@ -190,27 +162,21 @@ class LlamaForCausalLM(nn.Module):
         # forward() applies anyway, so outputs are the same as with a float32 table.
         self.rope_cache.copy_(rope_cos_sin(inv_freq.to(device), self.config.max_position_embeddings))
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        attn: PagedAttention,
-        between_layers: Callable[[], None] | None = None,
-    ) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, attn: PagedAttention) -> torch.Tensor:
         """Hidden states [T, hidden] after the final norm for tokens [T] at positions [T].
 
-        between_layers: called after every attention and every MLP block, so at most half a layer apart.
-        It may run other forwards of this model (the engine's layer-level preemption), as long as it
-        leaves attn's metadata as it found it."""
+        attn.preemption, when given, is called after every attention and every MLP block (so at most
+        half a layer apart) and inside the long ones (preemption.py)."""
         # The table was computed in float32 and rounded to the model dtype, as HF does, so low-precision
         # runs round the same way (the cast below is then a no-op).
         cos, sin = self.rope_cache[positions].unsqueeze(1).chunk(2, dim=-1)  # [T, 1, D/2] each
         x = self.model.embed_tokens(input_ids)
         cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+        points = attn.preemption
         for layer in self.model.layers:
-            x = layer(x, cos, sin, attn, between_layers)
-            if between_layers is not None:
-                between_layers()
+            x = layer(x, cos, sin, attn)
+            if points is not None:
+                points()
         return self.model.norm(x)
 
     def column_major_weights(self) -> list[str]:
@@ -220,20 +186,22 @@ class LlamaForCausalLM(nn.Module):
         rows). A tied head is the embedding table, whose lookups want rows contiguous."""
         return [] if self.config.tie_word_embeddings else ["lm_head.weight"]
 
-    def compute_logits(self, hidden: torch.Tensor, between: Callable[[], None] | None = None) -> torch.Tensor:
-        """Logits [N, vocab] in float32 for the N hidden states that sample a token. Under layer
-        preemption (between given) in vocabulary slices with a checkpoint between them: the head of a
-        wide step is its longest single product, and a slice of the vocabulary keeps every row, so the
-        product stays as efficient (slicing rows would not)."""
+    def compute_logits(
+        self, hidden: torch.Tensor, preemption: PreemptionPoints | None = None
+    ) -> torch.Tensor:
+        """Logits [N, vocab] in float32 for the N hidden states that sample a token. With preemption
+        points, in vocabulary slices with a point between them: the head of a wide step is its longest
+        single product, and a slice of the vocabulary keeps every row, so the product stays as
+        efficient (slicing rows would not)."""
         weight = self.lm_head.weight
         vocab = weight.shape[0]
-        if between is None or vocab <= _CHECKPOINT_VOCAB:
+        if preemption is None or vocab <= VOCAB_PER_SLICE:
             return self.lm_head(hidden).float()
         logits = torch.empty(hidden.shape[0], vocab, dtype=torch.float32, device=hidden.device)
-        for i, start in enumerate(range(0, vocab, _CHECKPOINT_VOCAB)):
+        for i, start in enumerate(range(0, vocab, VOCAB_PER_SLICE)):
             if start:
-                between()
-            end = min(start + _CHECKPOINT_VOCAB, vocab)
+                preemption()
+            end = min(start + VOCAB_PER_SLICE, vocab)
             if self._head_slices and hidden.dtype == weight.dtype:
                 logits[:, start:end] = packed_linear(hidden, self._head_slices[i])
             else:

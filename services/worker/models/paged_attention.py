@@ -18,16 +18,13 @@ mask marks that path). Prefill chunks keep SDPA, which is compute-bound and good
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
 from services.worker.models.cpu_kernels import PagedDecode
-
-# Under layer-level preemption, a long prefill chunk attends this many queries between two checkpoints.
-CHECKPOINT_QUERIES = 128
+from services.worker.models.preemption import QUERIES_PER_SLICE, PreemptionPoints
 
 
 @dataclass
@@ -60,26 +57,31 @@ class AttentionMetadata:
     num_decodes: int  # the first num_decodes tokens are single-query sequences
     decode_groups: list[DecodeGroup] = field(default_factory=list)
     prefills: list[PrefillChunk] = field(default_factory=list)
-    # Called between decode groups and prefill chunks (the engine's layer-level preemption; see
-    # LlamaForCausalLM.forward).
-    checkpoint: Callable[[], None] | None = None
 
 
 class PagedAttention:
-    """Holds the KV caches of every layer and the current step's metadata; the model calls forward()."""
+    """The attention of one forward pass: every layer's KV caches, the step's metadata, and the step's
+    preemption points (None: none). One per forward, so a forward run at another's preemption point has
+    its own and leaves the paused one's untouched. The model calls forward() in each layer."""
 
     def __init__(
-        self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]], decode_kernel: PagedDecode | None = None
+        self,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        metadata: AttentionMetadata,
+        decode_kernel: PagedDecode | None = None,
+        preemption: PreemptionPoints | None = None,
     ) -> None:
-        """decode_kernel: cpu_kernels' paged_decode, for the groups built without a mask."""
+        """decode_kernel: cpu_kernels' paged_decode, for the groups built without a mask. preemption:
+        also called between decode groups and prefill chunks, and within a long chunk's queries."""
         self.kv_caches = kv_caches
+        self.metadata = metadata
         self.decode_kernel = decode_kernel
-        self.metadata: AttentionMetadata | None = None
+        self.preemption = preemption
 
     def forward(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Attention output [T, H * D] for q [T, H, D] and this step's k, v [T, Hkv, D]."""
         meta = self.metadata
-        assert meta is not None, "assign metadata before forward()"  # programming error, not input
+        points = self.preemption
         k_cache, v_cache = self.kv_caches[layer]  # [N, bs, Hkv, D]
         k_cache.view(-1, *k.shape[1:]).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, *v.shape[1:]).index_copy_(0, meta.slot_mapping, v)
@@ -91,8 +93,8 @@ class PagedAttention:
         if meta.num_decodes:
             out[: meta.num_decodes] = self._decode(q[: meta.num_decodes], k_cache, v_cache, meta)
         for i, chunk in enumerate(meta.prefills):
-            if (i or meta.num_decodes) and meta.checkpoint is not None:
-                meta.checkpoint()  # may run other steps: this layer's K/V for this step are written already
+            if (i or meta.num_decodes) and points is not None:
+                points()  # may run other steps: this layer's K/V for this step are written already
             end = chunk.start + chunk.num_tokens
             # 4-D inputs: with 3-D ones SDPA on CPU falls back to its math kernel, measured 2.5x slower.
             qc = q[chunk.start : end].unsqueeze(0).transpose(1, 2)  # [1, H, n, D]
@@ -103,16 +105,16 @@ class PagedAttention:
                 vc = _gather(v_cache, chunk.context_blocks)[:, : chunk.context_len]
             kc, vc = kc.transpose(1, 2), vc.transpose(1, 2)  # [1, Hkv, ctx, D]
             gqa = heads != kv_heads
-            if meta.checkpoint is None or chunk.num_tokens <= CHECKPOINT_QUERIES:
+            if points is None or chunk.num_tokens <= QUERIES_PER_SLICE:
                 out[chunk.start : end] = F.scaled_dot_product_attention(
                     qc, kc, vc, attn_mask=chunk.mask, is_causal=chunk.mask is None, enable_gqa=gqa
                 )[0].transpose(0, 1)
                 continue
-            # A long chunk's queries in slices with a checkpoint between: rows attend independently.
-            for first in range(0, chunk.num_tokens, CHECKPOINT_QUERIES):
+            # A long chunk's queries in slices with a point between: rows attend independently.
+            for first in range(0, chunk.num_tokens, QUERIES_PER_SLICE):
                 if first:
-                    meta.checkpoint()
-                last = min(first + CHECKPOINT_QUERIES, chunk.num_tokens)
+                    points()
+                last = min(first + QUERIES_PER_SLICE, chunk.num_tokens)
                 if chunk.mask is not None:
                     keys, values, mask = kc, vc, chunk.mask[first:last]
                 else:  # a chunk from position 0 attends causally within itself: keys up to its last query
@@ -142,8 +144,8 @@ class PagedAttention:
             return _decode_group(qg, k_cache, v_cache, group).reshape(batch, heads, head_dim)
         out = torch.empty_like(qg)
         for i, group in enumerate(meta.decode_groups):
-            if i and meta.checkpoint is not None:
-                meta.checkpoint()
+            if i and self.preemption is not None:
+                self.preemption()
             out[group.start : group.end] = _decode_group(qg[group.start : group.end], k_cache, v_cache, group)
         return out.reshape(batch, heads, head_dim)
 

@@ -78,11 +78,11 @@ def prefill_logits(model: nn.Module, ids: list[int], block_size: int = 16) -> to
         (torch.zeros(shape, dtype=param.dtype), torch.zeros(shape, dtype=param.dtype))
         for _ in range(config.num_hidden_layers)
     ]
-    attn = PagedAttention(caches)
     positions = torch.arange(len(ids))
-    attn.metadata = AttentionMetadata(
+    metadata = AttentionMetadata(
         slot_mapping=positions, num_decodes=0, prefills=[PrefillChunk(0, len(ids), None, len(ids), None)]
     )
+    attn = PagedAttention(caches, metadata)
     with torch.inference_mode():
         return model.compute_logits(model(torch.tensor(ids), positions, attn))
 

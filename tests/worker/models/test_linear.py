@@ -13,6 +13,7 @@ from services.worker.engine import LLM, SamplingParams
 from services.worker.models import llama
 from services.worker.models.linear import Linear, linear, pack, packable, packed_linear
 from services.worker.models.loader import load_model
+from services.worker.models.preemption import PreemptionPoints
 
 
 @pytest.mark.parametrize("rows", [1, 7, 64, 300])
@@ -74,10 +75,10 @@ def test_a_packed_model_computes_what_the_plain_one_does(
 ) -> None:
     """Every product, and the LM head in vocabulary slices (as under layer preemption), through the
     packed copies; unpacking returns to the plain weights."""
-    monkeypatch.setattr(llama, "_CHECKPOINT_VOCAB", 100)  # the tiny vocabulary in several slices
+    monkeypatch.setattr(llama, "VOCAB_PER_SLICE", 100)  # the tiny vocabulary in several slices
     model = load_model(llama_tied_dir, torch.float32, torch.device("cpu")).model
     hidden = torch.randn(5, model.config.hidden_size)
-    plain_sliced = model.compute_logits(hidden, between=lambda: None)
+    plain_sliced = model.compute_logits(hidden, preemption=PreemptionPoints(lambda: None))
     plain = model.compute_logits(hidden)
     added = model.pack_weights()
     linears = [m for m in model.modules() if isinstance(m, Linear)]
@@ -86,7 +87,10 @@ def test_a_packed_model_computes_what_the_plain_one_does(
     assert added == weights  # the products' weights, and the head once more in slices
     torch.testing.assert_close(model.compute_logits(hidden), plain, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(
-        model.compute_logits(hidden, between=lambda: None), plain_sliced, rtol=1e-5, atol=1e-4
+        model.compute_logits(hidden, preemption=PreemptionPoints(lambda: None)),
+        plain_sliced,
+        rtol=1e-5,
+        atol=1e-4,
     )
     model.unpack_weights()
     assert all(m.packed is None for m in linears) and not model._head_slices

@@ -85,8 +85,8 @@ def test_attention_layer_gives_the_same_with_and_without_the_kernel(dtype) -> No
     masks = (torch.arange(width) < context.unsqueeze(1)).view(len(lens), 1, 1, -1)
 
     def run(kernel, groups) -> torch.Tensor:
-        attn = PagedAttention([(k_cache.clone(), v_cache.clone())], kernel)
-        attn.metadata = AttentionMetadata(slot_mapping=last, num_decodes=len(lens), decode_groups=groups)
+        metadata = AttentionMetadata(slot_mapping=last, num_decodes=len(lens), decode_groups=groups)
+        attn = PagedAttention([(k_cache.clone(), v_cache.clone())], metadata, kernel)
         return attn.forward(0, q, k_new, v_new)
 
     fused = run(KERNEL, [DecodeGroup(0, len(lens), tables, context, None)])
@@ -116,11 +116,11 @@ class _Spec:
 def test_runner_uses_the_kernel_where_it_applies(monkeypatch, dtype, built, uses_kernel) -> None:
     monkeypatch.setattr(model_runner, "paged_decode_kernel", lambda: KERNEL if built else None)
     runner = ModelRunner(torch.nn.Identity(), _Spec(), dense_caches(dtype), torch.device("cpu"))
-    assert (runner.attention.decode_kernel is not None) is uses_kernel
+    assert (runner.decode_kernel is not None) is uses_kernel
     assert runner.decode_group_size == (None if uses_kernel else model_runner._CPU_DECODE_GROUP)
     strided = [(k.transpose(1, 2), v.transpose(1, 2)) for k, v in dense_caches(dtype)]  # not dense
     runner.set_kv_caches(strided)
-    assert runner.attention.decode_kernel is None
+    assert runner.decode_kernel is None
 
 
 @pytest.mark.parametrize("lens", [[0, 5], [5, 2 * BLOCK + 1]])

@@ -1,6 +1,6 @@
 """The LM head on CPU: stored column-major when untied (every way a model gets storage applies the order
 before weights are copied in, and the logits are those of the row-major weight), and computed in
-vocabulary slices between layer-preemption checkpoints with the same logits."""
+vocabulary slices between preemption points with the same logits."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from services.worker.memory.placement import evict_to_host, load_from_host_copy,
 from services.worker.models import llama
 from services.worker.models.checkpoint import iter_safetensors
 from services.worker.models.loader import load_model
+from services.worker.models.preemption import PreemptionPoints
 
 
 def _checkpoint_head(model_dir: Path) -> torch.Tensor:
@@ -55,9 +56,9 @@ def test_the_head_in_vocabulary_slices_gives_the_same_logits(
     llama_gqa_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     model = load_model(llama_gqa_dir).model
-    monkeypatch.setattr(llama, "_CHECKPOINT_VOCAB", 100)  # the test model's vocabulary is 512
+    monkeypatch.setattr(llama, "VOCAB_PER_SLICE", 100)  # the test model's vocabulary is 512
     hidden = torch.randn(5, model.config.hidden_size)
-    checkpoints: list[int] = []
-    sliced = model.compute_logits(hidden, lambda: checkpoints.append(1))
+    points: list[int] = []
+    sliced = model.compute_logits(hidden, PreemptionPoints(lambda: points.append(1)))
     assert torch.equal(sliced, model.compute_logits(hidden))
-    assert len(checkpoints) == 5  # between the six slices of 512 entries
+    assert len(points) == 5  # between the six slices of 512 entries
