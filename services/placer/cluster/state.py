@@ -1,0 +1,79 @@
+"""The placer's in-memory cluster state: the columnar snapshot picks read, and the protobuf entries
+behind it. Fed by heartbeats and GPU samples (from this placer's own RPCs, from Redis through
+ClusterView, or from the fleet simulator, which drives it with no Redis at all); synchronous, so one
+pick always sees one consistent state."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from hanzo.inference.v1 import cluster_state_pb2
+from services.placer.cluster.convert import node_record, thermal_sample
+from services.placer.cluster.snapshot import ClusterSnapshot
+
+# Weight of the newest rate in the smoothed temperature trend (an exponential moving average).
+_TREND_ALPHA = 0.3
+
+
+class ClusterState:
+    """Snapshot + the protobuf entries behind it; the only writer of the snapshot."""
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self.snapshot = ClusterSnapshot()
+        self.nodes: dict[str, cluster_state_pb2.NodeEntry] = {}
+        self.thermal: dict[str, cluster_state_pb2.ThermalEntry] = {}
+        self._next_expiry_s = float("inf")  # earliest deadline in the snapshot (a lower bound)
+
+    def apply_node(self, entry: cluster_state_pb2.NodeEntry) -> None:
+        """Take a node's heartbeat into the snapshot now, unless the one held is as new."""
+        node_id = entry.report.node_id
+        known = self.nodes.get(node_id)
+        if known is not None and known.deadline_s >= entry.deadline_s:
+            return  # our own write coming back as an event, or an older copy read from Redis
+        self.nodes[node_id] = entry
+        self.snapshot.upsert(node_record(entry, self.thermal.get(node_id)))
+        self._next_expiry_s = min(self._next_expiry_s, entry.deadline_s)
+
+    def apply_thermal(self, node_id: str, entry: cluster_state_pb2.ThermalEntry) -> None:
+        """Take a node's GPU sample into the snapshot (a node not yet known gets it with its heartbeat)."""
+        self.thermal[node_id] = entry
+        self.snapshot.update_thermal(node_id, thermal_sample(entry.sample), entry.temperature_trend_c_per_s)
+
+    def thermal_entry(self, node_id: str, sample: object) -> cluster_state_pb2.ThermalEntry:
+        """A ThermalEntry for a new sample, with the trend smoothed against the previous one."""
+        entry = cluster_state_pb2.ThermalEntry(sample=sample)  # type: ignore[arg-type]
+        previous = self.thermal.get(node_id)
+        if previous is not None:
+            dt = entry.sample.timestamp_s - previous.sample.timestamp_s
+            if dt > 0:
+                rate = (entry.sample.temperature_c - previous.sample.temperature_c) / dt
+                trend = previous.temperature_trend_c_per_s
+                entry.temperature_trend_c_per_s = trend + _TREND_ALPHA * (rate - trend)
+            else:
+                entry.temperature_trend_c_per_s = previous.temperature_trend_c_per_s
+        return entry
+
+    def expire(self) -> None:
+        """Drop nodes whose deadline passed (no heartbeat within the TTL). O(1) until the earliest
+        deadline passes, then one vectorised scan: it runs on every pick."""
+        now = self.clock()
+        if now < self._next_expiry_s:
+            return
+        snapshot = self.snapshot
+        live = snapshot.column("live")
+        deadlines = snapshot.column("deadline_s")
+        for row in np.flatnonzero(live & (deadlines <= now)):
+            node_id = snapshot.node_ids[row]
+            if node_id is not None:
+                self._forget(node_id)
+        remaining = deadlines[snapshot.column("live")]
+        self._next_expiry_s = float(remaining.min()) if remaining.size else float("inf")
+
+    def _forget(self, node_id: str) -> None:
+        self.nodes.pop(node_id, None)
+        self.thermal.pop(node_id, None)
+        self.snapshot.remove(node_id)
