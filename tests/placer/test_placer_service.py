@@ -69,6 +69,25 @@ async def test_heartbeat_list_and_pick(redis_server: RedisServer) -> None:
             assert {"load", "thermal_headroom", "model_affinity"} <= set(reply.candidates[0].scores)
 
 
+async def test_picks_count_as_waiting_until_the_next_heartbeat(redis_server: RedisServer) -> None:
+    """Between two heartbeats the placer counts its own picks, so a burst spreads over equally idle
+    nodes instead of piling onto whichever ranked first; a heartbeat then reports the real queue."""
+    async with running_placer(redis_server.url) as app:
+        channel, stub = placer_stub(app.address)
+        async with channel:
+            nodes = ["a", "b", "c"]
+            for running, node in enumerate(nodes):  # a is the least loaded, then b, then c
+                await stub.Heartbeat(node_report(node, host="h", rack="r", running=running))
+            # Uncounted, all six would go to a; counted, a takes one, then a and b one each, and once
+            # all three hold 2 the last three picks go one to each.
+            burst = [(await stub.Pick(pick_request())).node_id for _ in range(6)]
+            assert sorted(set(burst)) == nodes and burst.count("c") == 1
+            for node in nodes:  # all three report an empty queue, except "c" with a long one
+                await stub.Heartbeat(node_report(node, host="h", rack="r", waiting=40 if node == "c" else 0))
+            after = {(await stub.Pick(pick_request())).node_id for _ in range(2)}
+            assert after == {"a", "b"}
+
+
 @pytest.mark.parametrize(
     ("call", "code", "words"),
     [

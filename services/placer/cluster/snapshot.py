@@ -164,6 +164,11 @@ class ClusterSnapshot:
         self._write_thermal(row, record.thermal, record.temperature_trend_c_per_s)
         return row
 
+    def add_waiting(self, row: int) -> None:
+        """Count one more request waiting at row, until its next heartbeat reports the real count."""
+        self.version = next(_VERSIONS)
+        self.waiting[row] += 1
+
     def remove(self, node_id: str) -> None:
         """Forget a node; its row is recycled. No-op for an unknown node."""
         row = self.row_of.pop(node_id, None)

@@ -57,6 +57,12 @@ class ClusterState:
                 entry.temperature_trend_c_per_s = previous.temperature_trend_c_per_s
         return entry
 
+    def record_pick(self, row: int) -> None:
+        """A request was just sent to the node at row (a row of the current snapshot). Until that node's
+        next heartbeat it counts as waiting there: a heartbeat's load is up to an interval old, and
+        every pick in between would otherwise see the same least-loaded node and pile onto it."""
+        self.snapshot.add_waiting(row)
+
     def expire(self) -> None:
         """Drop nodes whose deadline passed (no heartbeat within the TTL). O(1) until the earliest
         deadline passes, then one vectorised scan: it runs on every pick."""

@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 import numpy as np
 
+from services.common.workload import WorkloadClass
 from services.placer.cluster.snapshot import UNKNOWN_CODE, ClusterSnapshot, topology_keys
 from services.placer.pick import nvml_bits
 from services.placer.pick.query import PickContext, PickQuery
@@ -27,6 +28,9 @@ class ScorerConfig:
     thermal_horizon_s: float = 10.0  # a rising temperature is projected this far ahead
     default_slowdown_c: float = nvml_bits.DEFAULT_SLOWDOWN_TEMPERATURE_C  # where NVML reports none
     no_sample_thermal_score: float = 0.5  # neutral: neither preferred nor avoided
+    # A cached prefix is worth nothing to a batch request on a node with this many requests waiting:
+    # past a few, the queue costs more than recomputing the prompt elsewhere.
+    prefix_queue_limit: float = 8.0
 
 
 def model_affinity(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
@@ -101,13 +105,28 @@ def topology(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) 
     return score
 
 
-def prefix_affinity(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
-    """1.0 on context.prefix_row (the node that last served query.prefix_hash, resolved by the framework),
-    0.0 everywhere else and everywhere when it is None: that node likely still holds the prefix's KV blocks.
-    """
+def prefix_affinity(
+    snapshot: ClusterSnapshot,
+    query: PickQuery,
+    context: PickContext,
+    *,
+    config: ScorerConfig = ScorerConfig(),
+) -> np.ndarray:
+    """On context.prefix_row (the node that last served query.prefix_hash, resolved by the framework: it
+    likely still holds the prefix's KV blocks): 1.0, or for a BATCH request max(0, 1 - waiting /
+    config.prefix_queue_limit); 0.0 everywhere else and everywhere when it is None.
+
+    Why batch alone fades with the queue: the fleet simulator showed a flat 1.0 sending a whole job's
+    documents (one shared instruction prefix) to one node, whose queue then grew without bound. Latency
+    classes are served ahead of that queue by the worker's adaptive policy, and the queue ahead of them
+    (their own class) is not in the heartbeat, so for them the cache keeps its full weight."""
     score = np.zeros(snapshot.num_rows)
-    if context.prefix_row is not None and 0 <= context.prefix_row < snapshot.num_rows:
-        score[context.prefix_row] = 1.0
+    row = context.prefix_row
+    if row is not None and 0 <= row < snapshot.num_rows:
+        value = 1.0
+        if query.workload_class == WorkloadClass.BATCH:
+            value = max(0.0, 1.0 - snapshot.waiting[row] / config.prefix_queue_limit)
+        score[row] = value
     return score
 
 
@@ -119,7 +138,7 @@ def build_scorers(config: ScorerConfig | None = None) -> dict[str, Scorer]:
         "load": load,
         "thermal_headroom": functools.partial(thermal_headroom, config=config),
         "topology": topology,
-        "prefix_affinity": prefix_affinity,
+        "prefix_affinity": functools.partial(prefix_affinity, config=config),
     }
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from services.common.workload import WorkloadClass
 from services.placer.pick import nvml_bits, scorers
 from services.placer.pick.query import NO_CONTEXT, PickContext
 from tests.placer.pick.helpers import by_id, query, snapshot_of
@@ -63,7 +64,13 @@ TOPOLOGY = [
 PREFIX = [  # the node sits in row 0
     ("no prefix remembered", {}, NO_CONTEXT, 0.0),
     ("this node served it", {}, PickContext(prefix_row=0), 1.0),
+    ("it served it, 8 waiting (a latency class)", {"waiting": 8}, PickContext(prefix_row=0), 1.0),
     ("another node served it", {}, PickContext(prefix_row=1), 0.0),
+]
+BATCH_PREFIX = [  # a batch request's prefix affinity fades with the queue on that node (limit 8)
+    ("it served it, idle", {}, PickContext(prefix_row=0), 1.0),
+    ("it served it, 4 waiting", {"waiting": 4}, PickContext(prefix_row=0), 0.5),
+    ("it served it, 8 waiting", {"waiting": 8}, PickContext(prefix_row=0), 0.0),
 ]
 
 
@@ -90,6 +97,17 @@ def _params(name: str, cases: list[tuple[str, dict[str, Any], dict[str, Any], fl
     + [
         pytest.param(scorers.prefix_affinity, s, {}, ctx, v, id=f"prefix_affinity: {c}")
         for c, s, ctx, v in PREFIX
+    ]
+    + [
+        pytest.param(
+            scorers.prefix_affinity,
+            s,
+            {"workload_class": WorkloadClass.BATCH},
+            ctx,
+            v,
+            id=f"prefix, batch: {c}",
+        )
+        for c, s, ctx, v in BATCH_PREFIX
     ],
 )
 def test_scorer_cases(
