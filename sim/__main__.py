@@ -1,0 +1,81 @@
+"""python -m sim: routing policies on one simulated fleet and trace; one JSON line on stdout.
+
+.venv/bin/python -m sim [--policies ours,least_loaded] [--hosts 125] [--minutes 30]
+                        [--cooling severe] [--seed 0] [--jobs 2] [--plot FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from sim.compare import run_policies
+from sim.fleet import Cooling, FleetLayout
+from sim.plot import plot
+from sim.policies import POLICIES
+from sim.profiles import H200
+from sim.simulation import SimConfig
+from sim.workload import WorkloadConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--policies", default=",".join(POLICIES), help=f"comma-separated, of: {', '.join(POLICIES)}"
+    )
+    parser.add_argument("--hosts", type=int, default=125, help="8-GPU hosts (125: 1,000 GPUs)")
+    parser.add_argument("--gpus-per-host", type=int, default=8)
+    parser.add_argument("--minutes", type=float, default=30.0, help="simulated minutes")
+    parser.add_argument("--cooling", choices=[c.value for c in Cooling], default=Cooling.SEVERE.value)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--load-scale", type=float, default=1.0, help="multiply every arrival rate")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel runs (default: the CPUs)")
+    parser.add_argument("--plot", type=Path, default=None, help="write the comparison as a PNG here")
+    return parser.parse_args(argv)
+
+
+def config_of(args: argparse.Namespace) -> SimConfig:
+    workload = WorkloadConfig(duration_s=args.minutes * 60)
+    scale = args.load_scale
+    workload = replace(
+        workload,
+        chat_rate=workload.chat_rate * scale,
+        agent_rate=workload.agent_rate * scale,
+        batch_rate=workload.batch_rate * scale,
+        embedding_rate=workload.embedding_rate * scale,
+    )
+    layout = FleetLayout(hosts=args.hosts, gpus_per_host=args.gpus_per_host)
+    return SimConfig(layout=layout, workload=workload, cooling=Cooling(args.cooling), seed=args.seed)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    unknown = sorted(set(policies) - set(POLICIES))
+    if unknown:
+        print(f"unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
+        return 2
+    config = config_of(args)
+    started = time.perf_counter()
+    runs = run_policies(config, policies, args.jobs)
+    out: dict[str, object] = {
+        "gpus": config.layout.gpus,
+        "simulated_s": config.workload.duration_s,
+        "cooling": config.cooling.value,
+        "seed": config.seed,
+        "wall_s": time.perf_counter() - started,
+        "policies": {str(r["policy"]): {k: v for k, v in r.items() if k != "trace"} for r in runs},
+    }
+    if args.plot is not None:
+        assert H200.thermal is not None
+        out["plot"] = str(plot(runs, args.plot, H200.thermal.slowdown_c))
+    print(json.dumps(out))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

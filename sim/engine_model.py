@@ -1,0 +1,361 @@
+"""One GPU's continuous-batching engine, simulated at the granularity of events, not iterations.
+
+Decodes advance as a fluid: between two events (an arrival, a prompt step's end, a sequence's last
+token, a clock change) every running sequence gains one token per decode step, and a step takes the
+profile's time for the batch as it stood at the last event; a counter of decode steps tells when each
+sequence finishes, so a GPU costs nothing while it only decodes. Prompt work runs in explicit steps
+(chunked prefill: the step's token budget less one token per running decode), so time to first token
+is resolved to the step. Waiting prompts are ordered as the adaptive policy orders them (chat, then the
+other latency classes, batch last, each first come first served) and admitted while seats and KV room
+(prompt + output, reserved up front, so nothing is ever preempted) remain. A latency-class prompt that
+arrives during a decode step starts after at most the profile's preemption granularity (layer-level
+preemption); any other waits for the step to end.
+
+What this costs in fidelity: a decode stretch keeps the step time of its start (context grows by a few
+hundred tokens at most before the next event); several resident models share one timeline (their steps
+run one after another, as on one GPU); KV is reserved for the whole output rather than grown.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable
+
+from sim.profiles import GpuProfile, ModelCost
+from sim.request import Request
+
+IDLE, DECODE, STEP = 0, 1, 2
+_EPS = 1e-9
+
+Schedule = Callable[[float, "GpuEngine", int], None]
+
+
+class GpuEngine:
+    """schedule(time, engine, version): asks the event loop to call on_event(time, version) then;
+    on_done(request): a request's last token (or its embedding) is out."""
+
+    def __init__(
+        self,
+        index: int,
+        profile: GpuProfile,
+        models: list[str],
+        schedule: Schedule,
+        on_done: Callable[[Request], None],
+    ) -> None:
+        self.index = index
+        self.profile = profile
+        self.costs: dict[str, ModelCost] = {m: profile.model(m) for m in models}
+        weights = sum(c.weight_bytes for c in self.costs.values())
+        decoders = [c for c in self.costs.values() if not c.embedding]
+        kv_bytes = max((c.kv_bytes_per_token for c in decoders), default=1)
+        # What the weights leave, less 10% for activations and the allocator (vLLM's 0.9 utilisation).
+        self.kv_capacity = max(int((profile.memory_bytes * 0.9 - weights) / kv_bytes), 0)
+        self.memory_free_bytes = max(int(profile.memory_bytes * 0.1), 0)
+        self._schedule = schedule
+        self._on_done = on_done
+        self.clock = 1.0  # SM clock factor, set by the thermal model
+        self.mode = IDLE
+        self.t = 0.0  # time of the last advance
+        self.counter = 0.0  # decode steps run so far (fractional inside a decode stretch)
+        self.waiting: tuple[deque[Request], ...] = (deque(), deque(), deque())
+        self.num_waiting = 0
+        self.prefilling: list[Request] = []  # admitted, prompt not yet computed, in priority order
+        self.running: list[tuple[float, int, Request]] = []  # heap by finish counter
+        self.rows: dict[str, int] = dict.fromkeys(self.costs, 0)  # decoding sequences per model
+        self.context: dict[str, float] = dict.fromkeys(self.costs, 0.0)  # their context tokens
+        self.kv_used = 0
+        self.cache: OrderedDict[int, int] = OrderedDict()  # prefix key -> tokens held, LRU first
+        self.cache_tokens = 0
+        self.step: list[tuple[Request, int]] = []
+        self.joining: list[Request] = []  # first token out in a nested step; decoding from the step's end
+        self.step_end = 0.0
+        self.decode_step_s = 0.0
+        self.next_event = math.inf
+        self.version = 0
+        self.busy_decode_s = 0.0
+        self.busy_prefill_s = 0.0
+        self.prefix_hits = 0
+        self.prefix_tokens_saved = 0
+        self.prefill_compute_s = 0.0  # the prompt tokens' share of step time, at full clock
+        self.decoded_tokens = 0
+
+    # --- what the rest of the simulation calls ----------------------------------------------------------
+
+    def enqueue(self, request: Request, now: float) -> None:
+        self.advance(now)
+        request.gpu = self.index
+        if self.costs[request.model].embedding:
+            self._embed(request, now)
+            return
+        self.waiting[request.priority].append(request)
+        self.num_waiting += 1
+        if self.mode == IDLE:
+            self._at(now)
+        elif self.mode == DECODE:
+            # The running decode step ends at the next whole counter; layer-level preemption lets a
+            # latency-class prompt in sooner.
+            residual = (math.ceil(self.counter - _EPS) - self.counter) * self.decode_step_s
+            if request.priority < 2:
+                residual = min(residual, self.profile.preempt_granularity_s)
+            self._at(now + max(residual, 0.0))
+        elif request.priority < 2:
+            self._nest(request, now)
+
+    def _embed(self, request: Request, now: float) -> None:
+        """An encoder request: the encoder is an engine of its own on this GPU (no KV, no queue behind the
+        decoder's prompts), so it runs at once, after the preemption granularity if the GPU is busy, and
+        whatever the decoder was doing finishes that much later."""
+        cost = self.costs[request.model]
+        prompt_s = request.prompt * cost.per_prefill_token_s
+        seconds = (cost.base_s + prompt_s) / self.clock
+        self.prefill_compute_s += prompt_s
+        wait = 0.0 if self.mode == IDLE else self.profile.preempt_granularity_s
+        request.first_token_s = now + wait + seconds
+        if self.mode == STEP:
+            self.step_end += seconds
+            self._at(self.step_end, force=True)
+        elif self.mode == DECODE:
+            self.busy_prefill_s += seconds
+            self.t = now + seconds  # decodes resume after it (advance() skips the gap)
+            self._plan_decode(now + seconds)
+        else:
+            self.busy_prefill_s += seconds
+        self.kv_used += request.prompt  # released at once by _finish
+        self._finish(request, request.first_token_s)
+
+    def _nest(self, request: Request, now: float) -> None:
+        """Layer-level preemption during a prompt step: a latency-class prompt that is next in policy
+        order, fits and needs one step runs in a step of its own within the preemption granularity; the
+        interrupted step ends that much later. It joins the decodes when the interrupted step ends."""
+        if (
+            any(self.waiting[p] for p in range(request.priority))
+            or self.waiting[request.priority][0] is not request
+        ):
+            return
+        cached_guess = max(self.cache.get(request.conversation, 0), self.cache.get(request.tools, 0))
+        if request.prompt - min(cached_guess, request.prompt - 1) > self.profile.token_budget:
+            return
+        if self._admit() is not request:  # no seat or no KV room: it waits like any other
+            return
+        self.prefilling.remove(request)
+        cost = self.costs[request.model]
+        tokens = request.to_prefill
+        prompt_s = tokens * (cost.per_prefill_token_s + cost.per_prefill_attention_s * request.prompt)
+        self.prefill_compute_s += prompt_s
+        seconds = (cost.base_s + prompt_s) / self.clock
+        request.first_token_s = now + self.profile.preempt_granularity_s + seconds
+        request.to_prefill = 0
+        self.step_end += seconds
+        self._at(self.step_end, force=True)
+        if request.output <= 1:
+            self._finish(request, request.first_token_s)
+        else:
+            self.joining.append(request)
+
+    def on_event(self, now: float, version: int) -> None:
+        if version != self.version:
+            return  # superseded by a later schedule
+        self.next_event = math.inf
+        self.advance(now)
+        if self.mode == STEP:
+            self._end_step(now)
+        self._complete_finished(now)
+        self._plan(now)
+
+    def set_clock(self, now: float, factor: float) -> None:
+        """The thermal model changed the clock: what is in progress speeds up or slows down."""
+        if factor == self.clock:
+            return
+        self.advance(now)
+        old, self.clock = self.clock, factor
+        if self.mode == STEP:
+            self.step_end = now + (self.step_end - now) * old / factor
+            self._at(self.step_end, force=True)
+        elif self.mode == DECODE:
+            self._plan_decode(now)
+
+    def advance(self, now: float) -> None:
+        """Bring the counters to now."""
+        elapsed = now - self.t
+        if elapsed <= 0.0:
+            return
+        if self.mode == DECODE:
+            steps = elapsed / self.decode_step_s
+            self.counter += steps
+            for model, rows in self.rows.items():
+                if rows:
+                    self.context[model] += rows * steps
+            self.busy_decode_s += elapsed
+        elif self.mode == STEP:
+            self.busy_prefill_s += elapsed
+        self.t = now
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running) + len(self.prefilling) + len(self.joining)
+
+    def kv_usage(self) -> float:
+        return self.kv_used / self.kv_capacity if self.kv_capacity else 1.0
+
+    # --- internals ------------------------------------------------------------------------------------
+
+    def _at(self, when: float, force: bool = False) -> None:
+        if not force and when >= self.next_event:
+            return
+        self.version += 1
+        self.next_event = when
+        self._schedule(when, self, self.version)
+
+    def _plan(self, now: float) -> None:
+        if (self.prefilling or self.num_waiting) and self._start_step(now):
+            return
+        if self.running:
+            self._plan_decode(now)
+        else:
+            self.mode = IDLE
+
+    def _plan_decode(self, now: float) -> None:
+        self.mode = DECODE
+        step_s = 0.0
+        for model, rows in self.rows.items():
+            if rows:
+                cost = self.costs[model]
+                step_s += cost.base_s + cost.per_row_s * rows + cost.per_context_token_s * self.context[model]
+        self.decode_step_s = step_s / self.clock
+        finish = self.running[0][0]
+        self._at(now + max(finish - self.counter, 0.0) * self.decode_step_s, force=True)
+
+    def _start_step(self, now: float) -> bool:
+        """Start a prompt step now if any prompt can run; False when none can (no seat or KV room)."""
+        decodes = len(self.running)
+        budget = self.profile.token_budget - decodes
+        chunk: list[tuple[Request, int]] = []
+        for request in self.prefilling:
+            if budget <= 0:
+                break
+            take = min(request.to_prefill, budget)
+            chunk.append((request, take))
+            budget -= take
+        while budget > 0 and self.num_waiting:
+            request = self._admit()
+            if request is None:
+                break
+            take = min(request.to_prefill, budget)
+            chunk.append((request, take))
+            budget -= take
+        if not chunk:
+            return False
+        seconds = 0.0
+        active: set[str] = set()
+        for model, rows in self.rows.items():
+            if rows:
+                cost = self.costs[model]
+                seconds += cost.per_row_s * rows + cost.per_context_token_s * self.context[model]
+                active.add(model)
+        prompt_s = 0.0
+        for request, tokens in chunk:
+            cost = self.costs[request.model]
+            context = request.prompt - request.to_prefill + tokens
+            prompt_s += tokens * (cost.per_prefill_token_s + cost.per_prefill_attention_s * context)
+            active.add(request.model)
+        self.prefill_compute_s += prompt_s
+        seconds += prompt_s
+        seconds += sum(self.costs[m].base_s for m in active)
+        self.step = chunk
+        self.mode = STEP
+        self.step_end = now + seconds / self.clock
+        self._at(self.step_end, force=True)
+        return True
+
+    def _admit(self) -> Request | None:
+        """The first waiting prompt in policy order, admitted, if it fits; None if it must wait."""
+        queue = next(q for q in self.waiting if q)
+        request = queue[0]
+        reserve = request.prompt + request.output
+        if self.num_running >= self.profile.max_running or self.kv_used + reserve > self.kv_capacity:
+            return None
+        queue.popleft()
+        self.num_waiting -= 1
+        self.kv_used += reserve
+        self._make_room()
+        history = self.cache.get(request.conversation, 0)
+        shared = self.cache.get(request.tools, 0)
+        hit = max(history, shared)
+        if hit:
+            self.prefix_hits += 1
+            for key, held in ((request.conversation, history), (request.tools, shared)):
+                if held:
+                    self.cache.move_to_end(key)
+        request.cached = min(hit, request.prompt - 1)
+        request.to_prefill = request.prompt - request.cached
+        self.prefix_tokens_saved += request.cached
+        self._remember(request.tools, request.tools_tokens)
+        self.prefilling.append(request)
+        self.prefilling.sort(key=_priority)
+        return request
+
+    def _end_step(self, now: float) -> None:
+        if self.running:
+            self.counter += 1.0
+            for model, rows in self.rows.items():
+                if rows:
+                    self.context[model] += rows
+        for request, tokens in self.step:
+            request.to_prefill -= tokens
+            if request.to_prefill > 0:
+                continue
+            self.prefilling.remove(request)
+            request.first_token_s = now
+            if request.output <= 1:
+                self._finish(request, now)
+            else:
+                self._join(request)
+        for request in self.joining:
+            self._join(request)
+        self.step = []
+        self.joining = []
+
+    def _join(self, request: Request) -> None:
+        """A request whose first token is out decodes from here on."""
+        request.finish_counter = self.counter + request.output - 1
+        heapq.heappush(self.running, (request.finish_counter, request.id, request))
+        self.rows[request.model] += 1
+        self.context[request.model] += request.prompt
+
+    def _complete_finished(self, now: float) -> None:
+        running = self.running
+        while running and running[0][0] <= self.counter + 1e-6:
+            _, _, request = heapq.heappop(running)
+            self.rows[request.model] -= 1
+            self.context[request.model] -= request.prompt + request.output - 1
+            if not self.rows[request.model]:
+                self.context[request.model] = 0.0  # no drift from fluid rounding
+            self._finish(request, now)
+
+    def _finish(self, request: Request, now: float) -> None:
+        request.done_s = now
+        self.decoded_tokens += request.output
+        self.kv_used -= request.prompt + request.output
+        self._remember(request.conversation, request.prompt + request.output)
+        self._on_done(request)
+
+    def _remember(self, key: int, tokens: int) -> None:
+        """Keep a prefix's blocks in the cache (free KV blocks hold it), least recently used out first."""
+        if not key or tokens <= 0:
+            return
+        self.cache_tokens += tokens - self.cache.get(key, 0)
+        self.cache[key] = tokens
+        self.cache.move_to_end(key)
+        self._make_room()
+
+    def _make_room(self) -> None:
+        room = self.kv_capacity - self.kv_used
+        while self.cache and self.cache_tokens > room:
+            _, tokens = self.cache.popitem(last=False)
+            self.cache_tokens -= tokens
+
+
+def _priority(request: Request) -> int:
+    return request.priority

@@ -1,0 +1,151 @@
+"""Routing policies compared on the same trace, each deciding from the placer's cluster state.
+
+`ours` is the placer's own decision, unchanged: the Picker with the default filters, scorers, per-class
+weights, memo and tie-break, exactly as PlacerReplica.choose runs it. The others are what a fleet would
+otherwise run: random, round-robin and power-of-two choices over the nodes that can take the model;
+least-loaded (the placer's load score alone); and prefix + load in llm-d's default weighting (its queue
+scorer at 2, prefix cache at 3), built on the same Picker framework with llm-d's queue scorer. None of
+the baselines reads temperature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from types import MappingProxyType
+
+import numpy as np
+
+from services.common.workload import WorkloadClass
+from services.placer.cluster.snapshot import ClusterSnapshot
+from services.placer.cluster.state import ClusterState
+from services.placer.pick import filters, scorers
+from services.placer.pick.framework import Picker
+from services.placer.pick.query import PickContext, PickQuery
+from services.placer.pick.weights import ClassWeights
+
+# A policy: (state, query) -> the chosen node's id, or None when no node can take it. The simulation
+# then records the pick in the state (ClusterState.record_pick), as the placer does, for every policy.
+Policy = Callable[[ClusterState, PickQuery], str | None]
+
+_BASE_FILTERS = {
+    "healthy": filters.healthy,
+    "model_loadable": filters.model_loadable,
+    "memory": filters.memory,
+}
+
+
+def llm_d_queue(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
+    """llm-d's queue scorer: (max - waiting) / (max - min) over the nodes, 1 where all wait alike."""
+    waiting = snapshot.column("waiting")
+    low, high = float(waiting.min(initial=0.0)), float(waiting.max(initial=0.0))
+    if high == low:
+        return np.ones(snapshot.num_rows)
+    return (high - waiting) / (high - low)
+
+
+def llm_d_prefix(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
+    """llm-d's prefix-cache scorer for a prompt whose leading blocks a node served last: 1 there,
+    whatever that node's queue (ours fades with the queue, scorers.prefix_affinity)."""
+    score = np.zeros(snapshot.num_rows)
+    if context.prefix_row is not None:
+        score[context.prefix_row] = 1.0
+    return score
+
+
+def _uniform(weights: dict[str, float]) -> ClassWeights:
+    return ClassWeights(MappingProxyType({wc: MappingProxyType(dict(weights)) for wc in WorkloadClass}))
+
+
+def _picker_policy(picker: Picker) -> Policy:
+    def choose(state: ClusterState, query: PickQuery) -> str | None:
+        state.expire()
+        result = picker.pick(state.snapshot, query)
+        return None if result is None else result.node_id
+
+    return choose
+
+
+def ours(seed: int) -> Policy:
+    return _picker_policy(Picker(ClassWeights.defaults(), rng=np.random.default_rng([seed, 20])))
+
+
+def least_loaded(seed: int) -> Policy:
+    picker = Picker(
+        _uniform({"load": 1.0}),
+        filters=_BASE_FILTERS,
+        scorers={"load": scorers.load},
+        rng=np.random.default_rng([seed, 21]),
+        avoid_degraded=frozenset(),
+    )
+    return _picker_policy(picker)
+
+
+def prefix_load(seed: int) -> Policy:
+    picker = Picker(
+        _uniform({"queue": 2.0, "prefix_affinity": 3.0}),
+        filters=_BASE_FILTERS,
+        scorers={"queue": llm_d_queue, "prefix_affinity": llm_d_prefix},
+        rng=np.random.default_rng([seed, 22]),
+        avoid_degraded=frozenset(),
+    )
+    return _picker_policy(picker)
+
+
+def _candidates(state: ClusterState, query: PickQuery) -> np.ndarray:
+    snapshot = state.snapshot
+    ok = snapshot.column("live").copy()
+    for keep in _BASE_FILTERS.values():
+        ok &= keep(snapshot, query)
+    return np.flatnonzero(ok)
+
+
+def random_choice(seed: int) -> Policy:
+    rng = np.random.default_rng([seed, 23])
+
+    def choose(state: ClusterState, query: PickQuery) -> str | None:
+        state.expire()
+        rows = _candidates(state, query)
+        return state.snapshot.node_ids[int(rows[rng.integers(rows.size)])] if rows.size else None
+
+    return choose
+
+
+def round_robin(seed: int) -> Policy:
+    turns: dict[str, int] = {}
+
+    def choose(state: ClusterState, query: PickQuery) -> str | None:
+        state.expire()
+        rows = _candidates(state, query)
+        if not rows.size:
+            return None
+        turn = turns.get(query.model, 0)
+        turns[query.model] = turn + 1
+        return state.snapshot.node_ids[int(rows[turn % rows.size])]
+
+    return choose
+
+
+def power_of_two(seed: int) -> Policy:
+    rng = np.random.default_rng([seed, 24])
+
+    def choose(state: ClusterState, query: PickQuery) -> str | None:
+        state.expire()
+        rows = _candidates(state, query)
+        if not rows.size:
+            return None
+        a, b = (int(r) for r in rows[rng.integers(rows.size, size=2)])
+        s = state.snapshot
+        a_load, b_load = s.running[a] + s.waiting[a], s.running[b] + s.waiting[b]
+        return s.node_ids[a if a_load <= b_load else b]
+
+    return choose
+
+
+POLICIES: dict[str, Callable[[int], Policy]] = {
+    "random": random_choice,
+    "round_robin": round_robin,
+    "least_loaded": least_loaded,
+    "power_of_two": power_of_two,
+    "prefix_load": prefix_load,
+    "ours": ours,
+}

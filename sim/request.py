@@ -1,0 +1,79 @@
+"""One simulated request, from arrival to its last token."""
+
+from __future__ import annotations
+
+from services.common.workload import WorkloadClass
+
+# The adaptive policy's order of waiting prompts (worker/engine/policy/classes.py): chat first, then
+# the other latency classes, batch last.
+PRIORITY = {
+    WorkloadClass.REALTIME_CHAT: 0,
+    WorkloadClass.AGENT_TOOL: 1,
+    WorkloadClass.EMBEDDING: 1,
+    WorkloadClass.UNSPECIFIED: 1,
+    WorkloadClass.BATCH: 2,
+}
+
+
+class Request:
+    """prompt: its tokens (history included); output: tokens it generates (0 for an embedding).
+    conversation / tools: prefix-cache keys (the conversation's history, the tenant's shared tool or
+    instruction prompt) with tools_tokens the shared part's length; prefix_hash: what the gateway
+    would hash from the prompt's leading tokens for the placer."""
+
+    __slots__ = (
+        "arrival_s",
+        "cached",
+        "caller_zone",
+        "conversation",
+        "done_s",
+        "finish_counter",
+        "first_token_s",
+        "follow_up",
+        "gpu",
+        "id",
+        "model",
+        "output",
+        "prefix_hash",
+        "priority",
+        "prompt",
+        "to_prefill",
+        "tools",
+        "tools_tokens",
+        "workload",
+    )
+
+    def __init__(
+        self,
+        id: int,
+        workload: WorkloadClass,
+        model: str,
+        arrival_s: float,
+        prompt: int,
+        output: int,
+        conversation: int,
+        tools: int,
+        tools_tokens: int,
+        prefix_hash: int,
+        caller_zone: str,
+        follow_up: object = None,
+    ) -> None:
+        self.id = id
+        self.workload = workload
+        self.priority = PRIORITY[workload]
+        self.model = model
+        self.arrival_s = arrival_s
+        self.prompt = prompt
+        self.output = output
+        self.conversation = conversation
+        self.tools = tools
+        self.tools_tokens = tools_tokens
+        self.prefix_hash = prefix_hash
+        self.caller_zone = caller_zone
+        self.follow_up = follow_up  # what the workload does once this one completes (the next turn)
+        self.gpu = -1
+        self.cached = 0
+        self.to_prefill = prompt
+        self.first_token_s = -1.0
+        self.done_s = -1.0
+        self.finish_counter = 0.0

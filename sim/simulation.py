@@ -1,0 +1,218 @@
+"""One seeded run: a fleet, a workload and a routing policy, advanced event by event.
+
+Events are, in time order: a session's next request (pick through the policy, then the GPU's queue),
+a GPU engine's next step boundary or last token, a slice of the fleet's heartbeats and telemetry
+samples (every FEED_SLICE_S, for the GPUs whose phase falls in it), and the thermal model's
+once-a-second step (which may change GPUs' clocks). The placer's state lives in a ClusterState whose
+clock is the simulated time, so heartbeat deadlines, memoized rankings and trends run on it too.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from services.common.workload import WorkloadClass
+from services.placer.cluster.state import ClusterState
+from services.placer.pick.query import PickQuery
+from sim.engine_model import GpuEngine
+from sim.feed import Feed
+from sim.fleet import Cooling, Fleet, FleetLayout, NetworkCosts
+from sim.policies import POLICIES
+from sim.profiles import H200, GpuProfile
+from sim.request import Request
+from sim.results import GPU_SLOS, ClassResults, ServiceLevel
+from sim.sharegpt import Conversation
+from sim.thermal import FleetThermal
+from sim.workload import Workload, WorkloadConfig
+
+FEED_SLICE_S = 0.1
+THERMAL_STEP_S = 1.0
+TRACE_EVERY_S = 10.0
+_ENGINE, _ARRIVAL, _FEED, _THERMAL = 0, 1, 2, 3
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    layout: FleetLayout
+    workload: WorkloadConfig
+    cooling: Cooling = Cooling.SEVERE
+    profile: GpuProfile = H200
+    network: NetworkCosts = field(default_factory=NetworkCosts)
+    slos: dict[WorkloadClass, ServiceLevel] = field(default_factory=lambda: dict(GPU_SLOS))
+    seed: int = 0
+
+
+class Simulation:
+    def __init__(self, config: SimConfig, policy: str, conversations: list[Conversation]) -> None:
+        self.config = config
+        self.policy_name = policy
+        profile = config.profile
+        assert profile.thermal is not None
+        self.fleet = fleet = Fleet(
+            config.layout, config.cooling, profile.thermal.thermal_resistance_c_per_w, config.seed
+        )
+        # The fleet was serving before the run: GPUs start warm, at the steady state of steady decoding.
+        self.thermal = FleetThermal(
+            profile.thermal,
+            fleet.inlet_c,
+            fleet.resistance,
+            initial_activity=profile.thermal.decode_power_fraction,
+        )
+        self.now = 0.0
+        self._events: list[tuple[float, int, int, object, int]] = []
+        self._order = itertools.count()
+        self.engines = [
+            GpuEngine(g, profile, list(fleet.models[g]), self._schedule_engine, self._done)
+            for g in range(config.layout.gpus)
+        ]
+        self.index_of = {node_id: g for g, node_id in enumerate(fleet.node_ids)}
+        self.state = ClusterState(clock=lambda: self.now)
+        self.feed = Feed(self.state, fleet, self.engines, self.thermal, profile, config.seed)
+        self.choose = POLICIES[policy](config.seed)
+        self.workload = Workload(
+            config.workload, config.layout.gpus, fleet.zone_names, conversations, config.seed
+        )
+        self.classes = {wc: ClassResults(slo) for wc, slo in config.slos.items()}
+        self.in_flight = 0
+        self.picks = 0
+        self.pick_s = 0.0
+        self.trace: list[tuple[float, float, float, float, float]] = []  # t, temperature p50/p90/p99/max
+        self.wall_s = 0.0
+
+    # --- the loop -------------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        started = time.perf_counter()
+        duration = self.config.workload.duration_s
+        self.feed.send(0.0, 1.0)  # every GPU reports once before the first request
+        self._push(FEED_SLICE_S, _FEED, None)
+        self._push(THERMAL_STEP_S, _THERMAL, None)
+        arrivals: Iterator[Request] = self.workload.arrivals()
+        pending = next(arrivals, None)
+        events = self._events
+        while True:
+            if pending is not None and (not events or pending.arrival_s <= events[0][0]):
+                self.now = pending.arrival_s
+                self._arrive(pending)
+                pending = next(arrivals, None)
+                continue
+            if not events:
+                break
+            when, _, kind, payload, version = heapq.heappop(events)
+            if when >= duration:
+                break
+            self.now = when
+            if kind == _ENGINE:
+                payload.on_event(when, version)  # type: ignore[attr-defined]
+            elif kind == _ARRIVAL:
+                self._arrive(payload)  # type: ignore[arg-type]
+            elif kind == _FEED:
+                self.feed.send(when, when + FEED_SLICE_S)
+                self._push(when + FEED_SLICE_S, _FEED, None)
+            else:
+                self._thermal_step(when)
+                self._push(when + THERMAL_STEP_S, _THERMAL, None)
+        self.now = duration
+        self.wall_s = time.perf_counter() - started
+
+    def _push(self, when: float, kind: int, payload: object, version: int = 0) -> None:
+        heapq.heappush(self._events, (when, next(self._order), kind, payload, version))
+
+    def _schedule_engine(self, when: float, engine: GpuEngine, version: int) -> None:
+        self._push(when, _ENGINE, engine, version)
+
+    def _arrive(self, request: Request) -> None:
+        query = PickQuery(
+            model=request.model,
+            workload_class=request.workload,
+            caller_zone=request.caller_zone,
+            prefix_hash=request.prefix_hash or None,
+            prompt_tokens=request.prompt,
+            now_s=self.now,
+            explain_top=0,  # as the gateway asks
+        )
+        started = time.perf_counter()
+        node_id = self.choose(self.state, query)
+        self.pick_s += time.perf_counter() - started
+        self.picks += 1
+        if node_id is None:
+            self.classes[request.workload].rejected += 1
+            return
+        self.state.record_pick(self.state.snapshot.row_of[node_id])
+        self.in_flight += 1
+        self.engines[self.index_of[node_id]].enqueue(request, self.now)
+
+    def _done(self, request: Request) -> None:
+        self.in_flight -= 1
+        same_zone = self.fleet.zone_labels[request.gpu] == request.caller_zone
+        results = self.classes[request.workload]
+        results.record(request, self.config.network.round_trip_s(same_zone))
+        results.cross_zone += not same_zone
+        follow = self.workload.follow_up(request)
+        if follow is not None:
+            self._push(follow.arrival_s, _ARRIVAL, follow)
+
+    def _thermal_step(self, now: float) -> None:
+        engines = self.engines
+        for engine in engines:
+            engine.advance(now)
+        prefill = np.fromiter((e.busy_prefill_s for e in engines), float, len(engines))
+        decode = np.fromiter((e.busy_decode_s for e in engines), float, len(engines))
+        for engine in engines:
+            engine.busy_prefill_s = engine.busy_decode_s = 0.0
+        thermal = self.thermal
+        for g in thermal.step(THERMAL_STEP_S, prefill, decode).tolist():
+            engines[g].set_clock(now, float(thermal.clock[g]))
+        if now % TRACE_EVERY_S < THERMAL_STEP_S / 2:
+            t = thermal.temperature_c
+            self.trace.append((now, *np.percentile(t, [50, 90, 99]).tolist(), float(t.max())))
+
+    # --- what it measured -----------------------------------------------------------------------------
+
+    def unfinished(self) -> dict[WorkloadClass, int]:
+        counts = dict.fromkeys(self.classes, 0)
+        for engine in self.engines:
+            queued = [r for queue in engine.waiting for r in queue]
+            for request in itertools.chain(queued, engine.prefilling, (r for _, _, r in engine.running)):
+                counts[request.workload] += 1
+        return counts
+
+    def offered_load(self) -> float:
+        """How busy the fleet was at the profile's best efficiency: the prompt tokens' compute plus each
+        generated token at its share of a full decode step (128 rows of 2,000-token contexts), over
+        the fleet's GPU-seconds. Unlike NVML's utilisation (any step running counts as busy, so a GPU
+        decoding one sequence reads 100%), this says how much of the fleet's capacity the work used."""
+        reference = self.config.profile.model(self.workload.models.chat)
+        rows, context = 128, 2000
+        step = reference.base_s + rows * reference.per_row_s + rows * context * reference.per_context_token_s
+        work = sum(e.prefill_compute_s + e.decoded_tokens * step / rows for e in self.engines)
+        return work / (len(self.engines) * self.config.workload.duration_s)
+
+    def summary(self) -> dict[str, object]:
+        duration = self.config.workload.duration_s
+        unfinished = self.unfinished()
+        thermal = self.thermal
+        engines = self.engines
+        return {
+            "policy": self.policy_name,
+            "offered_load": self.offered_load(),
+            "classes": {
+                wc.name.lower(): results.summary(duration, unfinished[wc])
+                for wc, results in self.classes.items()
+            },
+            "throttle_events": thermal.throttle_events,
+            "throttled_gpu_s": thermal.throttled_gpu_s,
+            "peak_temperature_c": thermal.peak_c,
+            "cross_zone_requests": sum(r.cross_zone for r in self.classes.values()),
+            "prefix_hits": sum(e.prefix_hits for e in engines),
+            "prefix_tokens_saved": sum(e.prefix_tokens_saved for e in engines),
+            "picks": self.picks,
+            "pick_us_mean": self.pick_s / self.picks * 1e6 if self.picks else None,
+            "wall_s": self.wall_s,
+        }
