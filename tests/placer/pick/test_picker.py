@@ -31,27 +31,26 @@ def pick(
 
 # A cool GPU that is a poor choice otherwise: model cold, slots and KV nearly full.
 COOL_BUT_BUSY = {"id": "cool", "temp": 50, "running": 64, "waiting": 64, "kv": 0.9}
-# Variants of an idle GPU with the model resident, each degraded by heat or power (all pass the filters).
+# Variants of an idle GPU with the model resident, each degraded by heat or power (all pass the filters),
+# and where a batch request goes: batch is the heat, so a GPU already in thermal slowdown gets none of it
+# even over a busy, cold-model node; power capping and nearness to slowdown still let it take batch.
 DEGRADED = [
-    ("sw thermal slowdown", {"temp": 80, "reasons": nvml_bits.SW_THERMAL_SLOWDOWN}),
-    ("hw thermal slowdown below threshold", {"temp": 84, "reasons": nvml_bits.HW_THERMAL_SLOWDOWN}),
-    ("power capped", {"temp": 70, "reasons": nvml_bits.SW_POWER_CAP}),
-    ("within 3 C of slowdown", {"temp": 87.5, "slowdown": 90, "shutdown": 100}),
-    ("within 3 C of the default 87 C", {"temp": 85, "slowdown": 0, "shutdown": 0}),
+    ("sw thermal slowdown", {"temp": 80, "reasons": nvml_bits.SW_THERMAL_SLOWDOWN}, "cool"),
+    ("hw thermal slowdown below threshold", {"temp": 84, "reasons": nvml_bits.HW_THERMAL_SLOWDOWN}, "cool"),
+    ("power capped", {"temp": 70, "reasons": nvml_bits.SW_POWER_CAP}, "warm"),
+    ("within 3 C of slowdown", {"temp": 87.5, "slowdown": 90, "shutdown": 100}, "warm"),
+    ("within 3 C of the default 87 C", {"temp": 85, "slowdown": 0, "shutdown": 0}, "warm"),
 ]
 
 
-@pytest.mark.parametrize(("case", "heat"), DEGRADED, ids=[case for case, _ in DEGRADED])
-@pytest.mark.parametrize(
-    ("workload_class", "winner"),
-    [(CHAT, "cool"), (AGENT, "cool"), (EMBEDDING, "cool"), (UNSPECIFIED, "cool"), (BATCH, "warm")],
-)
-def test_degraded_gpu_avoided_by_latency_classes_but_takes_batch(
-    case: str, heat: dict[str, Any], workload_class: WorkloadClass, winner: str
+@pytest.mark.parametrize(("case", "heat", "batch_winner"), DEGRADED, ids=[case for case, _, _ in DEGRADED])
+@pytest.mark.parametrize("workload_class", [CHAT, AGENT, EMBEDDING, UNSPECIFIED, BATCH])
+def test_degraded_gpu_avoided_by_latency_classes_and_by_batch_when_throttling(
+    case: str, heat: dict[str, Any], batch_winner: str, workload_class: WorkloadClass
 ) -> None:
     warm = {"id": "warm", **RESIDENT, **heat}
     result = pick(make_picker(), [COOL_BUT_BUSY, warm], workload_class)
-    assert result.node_id == winner
+    assert result.node_id == (batch_winner if workload_class == BATCH else "cool")
     assert not result.last_resort
     assert result.considered == 2
 
@@ -61,8 +60,8 @@ def test_hot_gpu_outside_the_band_is_not_demoted() -> None:
     assert pick(make_picker(), [COOL_BUT_BUSY, warm]).node_id == "warm"
 
 
-@pytest.mark.parametrize(("case", "heat"), DEGRADED, ids=[case for case, _ in DEGRADED])
-def test_degraded_gpu_is_the_last_resort_not_filtered(case: str, heat: dict[str, Any]) -> None:
+@pytest.mark.parametrize(("case", "heat", "_"), DEGRADED, ids=[case for case, _, _ in DEGRADED])
+def test_degraded_gpu_is_the_last_resort_not_filtered(case: str, heat: dict[str, Any], _: str) -> None:
     nodes = [{**COOL_BUT_BUSY, "draining": True}, {"id": "warm", **RESIDENT, **heat}]
     result = pick(make_picker(), nodes, CHAT)
     assert (result.node_id, result.considered, result.last_resort) == ("warm", 1, True)
@@ -209,7 +208,7 @@ def test_weights_from_config() -> None:
     weights = ClassWeights.from_config({"batch": {"thermal_headroom": 0.0, "load": 0.5}})
     assert weights.for_class(BATCH)["load"] == 0.5
     assert weights.for_class(BATCH)["thermal_headroom"] == 0.0
-    assert weights.for_class(BATCH)["model_affinity"] == 0.35  # untouched defaults stay
+    assert weights.for_class(BATCH)["model_affinity"] == 0.22  # untouched defaults stay
     assert weights.for_class(CHAT) == ClassWeights.defaults().for_class(CHAT)
     assert ClassWeights.from_config(None) == ClassWeights.defaults()
 
@@ -240,6 +239,7 @@ def test_default_weights_by_class() -> None:
     assert chat["thermal_headroom"] == chat["load"] == max(chat.values())
     assert defaults.for_class(UNSPECIFIED) == defaults.for_class(AGENT)
     assert "prefix_affinity" not in defaults.for_class(EMBEDDING)
-    assert max(defaults.for_class(BATCH), key=defaults.for_class(BATCH).get) == "model_affinity"
+    # Batch is the heat (prompt work at the power cap), so it is placed by thermal headroom first.
+    assert max(defaults.for_class(BATCH), key=defaults.for_class(BATCH).get) == "thermal_headroom"
     for workload_class in WorkloadClass:
         assert sum(defaults.for_class(workload_class).values()) == pytest.approx(1.0)

@@ -1,0 +1,37 @@
+"""python -m sim as a user runs it: one JSON line, a plot, and a precise refusal of a wrong policy."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def sim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sim", *args], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+
+
+def test_a_run_prints_one_json_line_and_writes_the_plot(tmp_path: Path) -> None:
+    plot = tmp_path / "fleet.png"
+    done = sim(
+        "--hosts", "2", "--minutes", "0.5", "--policies", "random,ours", "--jobs", "1", "--plot", str(plot)
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1
+    out = json.loads(lines[0])
+    assert out["gpus"] == 16 and out["simulated_s"] == 30.0 and set(out["policies"]) == {"random", "ours"}
+    chat = out["policies"]["ours"]["classes"]["realtime_chat"]
+    assert chat["completed"] > 0 and 0.0 <= chat["slo_attainment"] <= 1.0
+    assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_unknown_policy_is_refused_with_the_known_ones() -> None:
+    done = sim("--policies", "ours,fastest")
+    assert done.returncode == 2
+    assert "fastest" in done.stderr and "least_loaded" in done.stderr
