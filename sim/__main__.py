@@ -22,18 +22,33 @@ from sim.simulation import SimConfig
 from sim.workload import WorkloadConfig
 
 
+def _positive(kind: type) -> object:
+    def parse(text: str) -> object:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return parse
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__.splitlines()[0])
     parser.add_argument(
         "--policies", default=",".join(POLICIES), help=f"comma-separated, of: {', '.join(POLICIES)}"
     )
-    parser.add_argument("--hosts", type=int, default=125, help="8-GPU hosts (125: 1,000 GPUs)")
-    parser.add_argument("--gpus-per-host", type=int, default=8)
-    parser.add_argument("--minutes", type=float, default=30.0, help="simulated minutes")
+    parser.add_argument("--hosts", type=_positive(int), default=125, help="8-GPU hosts (125: 1,000 GPUs)")
+    parser.add_argument("--gpus-per-host", type=_positive(int), default=8)
+    parser.add_argument("--minutes", type=_positive(float), default=30.0, help="simulated minutes")
     parser.add_argument("--cooling", choices=[c.value for c in Cooling], default=Cooling.SEVERE.value)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--load-scale", type=float, default=1.0, help="multiply every arrival rate")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel runs (default: the CPUs)")
+    parser.add_argument(
+        "--load-scale", type=_positive(float), default=1.0, help="multiply every arrival rate"
+    )
+    parser.add_argument("--jobs", type=_positive(int), default=None, help="parallel runs (default: the CPUs)")
     parser.add_argument("--plot", type=Path, default=None, help="write the comparison as a PNG here")
     return parser.parse_args(argv)
 

@@ -134,8 +134,7 @@ class GpuEngine:
             or self.waiting[request.priority][0] is not request
         ):
             return
-        cached_guess = max(self.cache.get(request.conversation, 0), self.cache.get(request.tools, 0))
-        if request.prompt - min(cached_guess, request.prompt - 1) > self.profile.token_budget:
+        if request.prompt - min(self._cached(request), request.prompt - 1) > self.profile.token_budget:
             return
         if self._admit() is not request:  # no seat or no KV room: it waits like any other
             return
@@ -280,13 +279,11 @@ class GpuEngine:
         self.num_waiting -= 1
         self.kv_used += reserve
         self._make_room()
-        history = self.cache.get(request.conversation, 0)
-        shared = self.cache.get(request.tools, 0)
-        hit = max(history, shared)
+        hit = self._cached(request)
         if hit:
             self.prefix_hits += 1
-            for key, held in ((request.conversation, history), (request.tools, shared)):
-                if held:
+            for key in (request.conversation, request.tools):
+                if key in self.cache:
                     self.cache.move_to_end(key)
         request.cached = min(hit, request.prompt - 1)
         request.to_prefill = request.prompt - request.cached
@@ -295,6 +292,11 @@ class GpuEngine:
         self.prefilling.append(request)
         self.prefilling.sort(key=_priority)
         return request
+
+    def _cached(self, request: Request) -> int:
+        """Prompt tokens the prefix cache holds for request: its conversation's history or its shared
+        tool / instruction prompt, whichever is longer."""
+        return max(self.cache.get(request.conversation, 0), self.cache.get(request.tools, 0))
 
     def _end_step(self, now: float) -> None:
         if self.running:

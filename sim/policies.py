@@ -24,7 +24,8 @@ from services.placer.pick.query import PickContext, PickQuery
 from services.placer.pick.weights import ClassWeights
 
 # A policy: (state, query) -> the chosen node's id, or None when no node can take it. The simulation
-# then records the pick in the state (ClusterState.record_pick), as the placer does, for every policy.
+# expires nodes past their deadline before and records the pick in the state after (ClusterState.expire
+# and record_pick), as PlacerReplica.choose does, for every policy.
 Policy = Callable[[ClusterState, PickQuery], str | None]
 
 _BASE_FILTERS = {
@@ -58,7 +59,6 @@ def _uniform(weights: dict[str, float]) -> ClassWeights:
 
 def _picker_policy(picker: Picker) -> Policy:
     def choose(state: ClusterState, query: PickQuery) -> str | None:
-        state.expire()
         result = picker.pick(state.snapshot, query)
         return None if result is None else result.node_id
 
@@ -103,7 +103,6 @@ def random_choice(seed: int) -> Policy:
     rng = np.random.default_rng([seed, 23])
 
     def choose(state: ClusterState, query: PickQuery) -> str | None:
-        state.expire()
         rows = _candidates(state, query)
         return state.snapshot.node_ids[int(rows[rng.integers(rows.size)])] if rows.size else None
 
@@ -114,7 +113,6 @@ def round_robin(seed: int) -> Policy:
     turns: dict[str, int] = {}
 
     def choose(state: ClusterState, query: PickQuery) -> str | None:
-        state.expire()
         rows = _candidates(state, query)
         if not rows.size:
             return None
@@ -129,7 +127,6 @@ def power_of_two(seed: int) -> Policy:
     rng = np.random.default_rng([seed, 24])
 
     def choose(state: ClusterState, query: PickQuery) -> str | None:
-        state.expire()
         rows = _candidates(state, query)
         if not rows.size:
             return None

@@ -138,6 +138,7 @@ class Simulation:
             explain_top=0,  # as the gateway asks
         )
         started = time.perf_counter()
+        self.state.expire()
         node_id = self.choose(self.state, query)
         self.pick_s += time.perf_counter() - started
         self.picks += 1

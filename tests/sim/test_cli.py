@@ -35,3 +35,9 @@ def test_an_unknown_policy_is_refused_with_the_known_ones() -> None:
     done = sim("--policies", "ours,fastest")
     assert done.returncode == 2
     assert "fastest" in done.stderr and "least_loaded" in done.stderr
+
+
+def test_a_fleet_or_run_of_no_size_is_refused_naming_the_flag() -> None:
+    for flag, value in (("--hosts", "0"), ("--minutes", "-1"), ("--jobs", "two")):
+        done = sim(flag, value)
+        assert done.returncode == 2 and flag in done.stderr, (flag, done.stderr)
