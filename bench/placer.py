@@ -44,7 +44,8 @@ from services.placer.cluster.schema import Keys
 from services.placer.config import PlacerSettings
 
 HEARTBEAT_INTERVAL_S = 600.0  # node TTL = 3 intervals: nobody expires during the run
-TARGETS = {"pick_us_p99": 1000.0, "grpc_pick_ms_p99": 3.0, "speedup_vs_naive": 10.0}
+# Issue 17's: a pick's p99 in-process and over gRPC with 32 callers in flight, under the telemetry load.
+TARGETS = {"pick_us_p99": 300.0, "grpc_concurrent_ms_p99": 10.0, "speedup_vs_naive": 10.0}
 FULL = {"inprocess_s": 30.0, "naive_picks": 60, "grpc_serial": 5000, "grpc_concurrent_s": 15.0}
 QUICK = {"inprocess_s": 5.0, "naive_picks": 12, "grpc_serial": 1000, "grpc_concurrent_s": 4.0}
 
@@ -134,7 +135,7 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
             children.append(load)
             await asyncio.sleep(1.0)  # the load settles into its rate
 
-            timed, events, memo_hit_rate = await inprocess.measure(requests, sizes["inprocess_s"])
+            timed, events, rescored = await inprocess.measure(requests, sizes["inprocess_s"])
             result.update(
                 pick_us_p50=round(timed.percentile_us(50), 1),
                 pick_us_p99=round(timed.percentile_us(99), 1),
@@ -143,7 +144,7 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
                 picks_per_s=round(timed.per_s),
                 events_applied=events,
                 events_applied_per_s=round(events / timed.wall_s),
-                pick_memo_hit_rate=round(memo_hit_rate, 3),
+                **rescored,
             )
             log(f"in-process: {timed.calls} picks, p50 {timed.percentile_us(50):.0f} us, {events} events")
             await inprocess.stop()
@@ -215,8 +216,10 @@ def main() -> None:
     picks, naive = result["picks_per_s"], result["naive_picks_per_s"]
     result["speedup_vs_naive"] = round(picks / naive, 1)  # type: ignore[operator]
     result["targets_met"] = {
-        "pick_us_p99<1000": result["pick_us_p99"] < TARGETS["pick_us_p99"],  # type: ignore[operator]
-        "grpc_pick_ms_p99<3": result["grpc_pick_ms_p99"] < TARGETS["grpc_pick_ms_p99"],  # type: ignore[operator]
+        "pick_us_p99<300": result["pick_us_p99"] < TARGETS["pick_us_p99"],  # type: ignore[operator]
+        "grpc_concurrent_ms_p99<10": (
+            result["grpc_concurrent_ms_p99"] < TARGETS["grpc_concurrent_ms_p99"]  # type: ignore[operator]
+        ),
         "speedup_vs_naive>=10": result["speedup_vs_naive"] >= TARGETS["speedup_vs_naive"],
     }
     result["total_s"] = round(time.perf_counter() - start, 1)

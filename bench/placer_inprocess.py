@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from bench.placer_measure import Timed, inprocess_picks
 from bench.placer_naive import NaivePicker
 from hanzo.inference.v1 import placer_pb2
-from services.common.workload import WorkloadClass
 from services.placer.app import PlacerApp
 from services.placer.config import PlacerSettings
 from services.placer.pick import ClassWeights, Picker
-from services.placer.pick.query import PickQuery
+from services.placer.replica import PlacerReplica
 
 BURST_S = 0.002  # picks run this long between yields to the event loop
 SYNC_TIMEOUT_S = 120.0
@@ -70,11 +69,10 @@ class InProcessPlacer:
     async def costs(self, requests: Sequence[placer_pb2.PickRequest]) -> dict[str, float]:
         """Median cost of one full resync (ms; it blocks the loop each resync interval), of view.expire()
         (us; PlacerReplica.pick calls it on every pick), of applying one thermal sample (us) and of
-        Picker.pick alone (us), ranking every request afresh: nothing changes the snapshot during this
-        loop, so the placer's own picker would answer from its memo (measure() reports how often it
-        does under live events)."""
+        Picker.pick alone (us) rescoring every row on every pick, as a placer without incremental
+        rankings would (measure() reports how many rows the placer's own picker rescored instead)."""
         view = self.app.view
-        picker = Picker(ClassWeights.from_config(self.app.settings.class_weights), memo_capacity=0)
+        picker = Picker(ClassWeights.from_config(self.app.settings.class_weights), incremental=False)
         resync_ms = []
         for _ in range(3):
             t0 = time.perf_counter()
@@ -93,16 +91,7 @@ class InProcessPlacer:
         self.events -= len(apply_us)  # not events
         picker_us = []
         for i in range(1000):
-            request = requests[i % len(requests)]
-            query = PickQuery(
-                model=request.model,
-                workload_class=WorkloadClass(request.workload_class),
-                caller_zone=request.caller.zone,
-                caller_rack=request.caller.rack,
-                caller_host=request.caller.host,
-                exclude=frozenset(request.exclude_nodes),
-                now_s=time.time(),
-            )
+            query = PlacerReplica.query_of(requests[i % len(requests)])
             t0 = time.perf_counter_ns()
             picker.pick(view.snapshot, query)
             picker_us.append((time.perf_counter_ns() - t0) / 1e3)
@@ -117,14 +106,16 @@ class InProcessPlacer:
         self, requests: Sequence[placer_pb2.PickRequest], duration_s: float
     ) -> tuple[Timed, int, float]:
         """PlacerReplica.pick (what the Pick RPC runs) for duration_s (after a warm-up), how many pub/sub
-        thermal events the view applied meanwhile, and the share of picks answered from the memo."""
+        thermal events the view applied meanwhile, and how many rows the picker rescored: per pick, and
+        how many picks rescored every row."""
         replica = self.app.replica
         await inprocess_picks(replica.pick, requests, 0.5, BURST_S)
         before = self.events
-        hits, misses = replica.picker.memo_hits, replica.picker.memo_misses
+        full, rows = replica.picker.full_rescores, replica.picker.rows_rescored
         timed = await inprocess_picks(replica.pick, requests, duration_s, BURST_S)
-        hits, misses = replica.picker.memo_hits - hits, replica.picker.memo_misses - misses
-        return timed, self.events - before, hits / max(hits + misses, 1)
+        full, rows = replica.picker.full_rescores - full, replica.picker.rows_rescored - rows
+        rescored = {"rows_rescored_per_pick": round(rows / max(timed.calls, 1), 1), "full_rescores": full}
+        return timed, self.events - before, rescored
 
     async def stop(self) -> None:
         await self.app.stop(grace_s=0.5)
@@ -134,18 +125,21 @@ async def naive_agreement(
     placer: InProcessPlacer, naive: NaivePicker, requests: Sequence[placer_pb2.PickRequest]
 ) -> tuple[int, int]:
     """(agreeing, checked): requests (prefix hash cleared, so neither side's prefix memory matters) on which
-    the naive picker finds the same best total and the same number of candidates as PlacerReplica.pick.
-    Run while no telemetry flows, so both read the same state."""
+    the naive picker finds the same best total and the same number of candidates as the placer's Picker
+    on its view. Run while no telemetry flows, so both read the same state; the picks are not recorded
+    in the view (PlacerReplica.choose would count each as waiting, which Redis never sees)."""
     agreed = 0
+    picker = Picker(ClassWeights.from_config(placer.app.settings.class_weights))
     for request in requests:
         plain = placer_pb2.PickRequest()
         plain.CopyFrom(request)
         plain.prefix_hash = 0
-        ours = placer.app.replica.pick(plain)
+        ours = picker.pick(placer.app.view.snapshot, PlacerReplica.query_of(plain))
         theirs = await naive.pick(plain)
         if (
-            theirs is not None
-            and abs(ours.candidates[0].total - theirs.candidates[0].total) < 1e-9
+            ours is not None
+            and theirs is not None
+            and abs(ours.total - theirs.candidates[0].total) < 1e-9
             and ours.considered == theirs.considered
         ):
             agreed += 1

@@ -21,6 +21,7 @@ from services.placer.cluster.state import ClusterState
 from services.placer.pick import filters, scorers
 from services.placer.pick.framework import Picker
 from services.placer.pick.query import PickContext, PickQuery
+from services.placer.pick.scorers import RequestScorer
 from services.placer.pick.weights import ClassWeights
 
 # A policy: (state, query) -> the chosen node's id, or None when no node can take it. The simulation
@@ -35,22 +36,29 @@ _BASE_FILTERS = {
 }
 
 
-def llm_d_queue(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
-    """llm-d's queue scorer: (max - waiting) / (max - min) over the nodes, 1 where all wait alike."""
+def llm_d_queue(
+    snapshot: ClusterSnapshot, query: PickQuery, context: PickContext, out: np.ndarray
+) -> np.ndarray | None:
+    """llm-d's queue scorer: (max - waiting) / (max - min) over the nodes, 1 where all wait alike. The
+    range is the fleet's at this request, so it is a request scorer, rerun on every pick."""
     waiting = snapshot.column("waiting")
     low, high = float(waiting.min(initial=0.0)), float(waiting.max(initial=0.0))
     if high == low:
-        return np.ones(snapshot.num_rows)
-    return (high - waiting) / (high - low)
+        out[:] = 1.0
+    else:
+        np.divide(high - waiting, high - low, out=out)
+    return np.arange(snapshot.num_rows)
 
 
-def llm_d_prefix(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
+def llm_d_prefix(
+    snapshot: ClusterSnapshot, query: PickQuery, context: PickContext, out: np.ndarray
+) -> np.ndarray | None:
     """llm-d's prefix-cache scorer for a prompt whose leading blocks a node served last: 1 there,
     whatever that node's queue (ours fades with the queue, scorers.prefix_affinity)."""
-    score = np.zeros(snapshot.num_rows)
-    if context.prefix_row is not None:
-        score[context.prefix_row] = 1.0
-    return score
+    if context.prefix_row is None:
+        return None
+    out[context.prefix_row] = 1.0
+    return np.array([context.prefix_row])
 
 
 def _uniform(weights: dict[str, float]) -> ClassWeights:
@@ -84,7 +92,7 @@ def prefix_load(seed: int) -> Policy:
     picker = Picker(
         _uniform({"queue": 2.0, "prefix_affinity": 3.0}),
         filters=_BASE_FILTERS,
-        scorers={"queue": llm_d_queue, "prefix_affinity": llm_d_prefix},
+        scorers={"queue": RequestScorer(llm_d_queue), "prefix_affinity": RequestScorer(llm_d_prefix)},
         rng=np.random.default_rng([seed, 22]),
         avoid_degraded=frozenset(),
     )
@@ -92,11 +100,7 @@ def prefix_load(seed: int) -> Policy:
 
 
 def _candidates(state: ClusterState, query: PickQuery) -> np.ndarray:
-    snapshot = state.snapshot
-    ok = snapshot.column("live").copy()
-    for keep in _BASE_FILTERS.values():
-        ok &= keep(snapshot, query)
-    return np.flatnonzero(ok)
+    return filters.passing(state.snapshot, query, _BASE_FILTERS)
 
 
 def random_choice(seed: int) -> Policy:

@@ -55,24 +55,8 @@ class PlacerReplica:
 
     def pick(self, request: placer_pb2.PickRequest) -> placer_pb2.PickReply:
         """The Pick RPC's decision, explained (runners-up and their scores)."""
-        if not request.model:
-            raise InvalidArgument("model", "is empty; name the model to serve")
-        try:
-            workload = WorkloadClass(request.workload_class)
-        except ValueError:
-            raise InvalidArgument("workload_class", f"unknown value {request.workload_class}") from None
-        query = PickQuery(
-            model=request.model,
-            workload_class=workload,
-            caller_zone=request.caller.zone,
-            caller_rack=request.caller.rack,
-            caller_host=request.caller.host,
-            prefix_hash=request.prefix_hash or None,
-            prompt_tokens=request.prompt_tokens,
-            exclude=frozenset(request.exclude_nodes),
-            now_s=time.time(),
-            explain_top=request.explain_top or 3,
-        )
+        query = self.query_of(request)
+        workload = query.workload_class
         result = self.choose(query)
         return placer_pb2.PickReply(
             node_id=result.node_id,
@@ -84,6 +68,29 @@ class PlacerReplica:
                 placer_pb2.ScoredCandidate(node_id=c.node_id, total=c.total, scores=c.scores)
                 for c in result.candidates
             ],
+        )
+
+    @staticmethod
+    def query_of(request: placer_pb2.PickRequest) -> PickQuery:
+        """The Pick RPC's request as a PickQuery at the current time; InvalidArgument naming the field
+        that is wrong."""
+        if not request.model:
+            raise InvalidArgument("model", "is empty; name the model to serve")
+        try:
+            workload = WorkloadClass(request.workload_class)
+        except ValueError:
+            raise InvalidArgument("workload_class", f"unknown value {request.workload_class}") from None
+        return PickQuery(
+            model=request.model,
+            workload_class=workload,
+            caller_zone=request.caller.zone,
+            caller_rack=request.caller.rack,
+            caller_host=request.caller.host,
+            prefix_hash=request.prefix_hash or None,
+            prompt_tokens=request.prompt_tokens,
+            exclude=frozenset(request.exclude_nodes),
+            now_s=time.time(),
+            explain_top=request.explain_top or 3,
         )
 
     def choose(self, query: PickQuery) -> PickResult:

@@ -36,3 +36,36 @@ async def test_an_expired_thermal_sample_leaves_the_view(redis_server: RedisServ
         assert "n1" not in view.thermal and view.snapshot.live[row]  # the node itself is still there
     finally:
         await store.close()
+
+
+async def test_a_resync_writes_the_snapshot_only_where_redis_holds_something_new(
+    redis_server: RedisServer,
+) -> None:
+    # Every snapshot write makes the picker rescore that row; a resync rereads the whole registry
+    # every few seconds, most of it already applied from pub/sub, and must not rewrite all of it.
+    store = ClusterStore(redis_server.url, Keys("resync-writes"))
+    view = ClusterView(store, SyncSettings())
+    try:
+        for node_id in ("n1", "n2", "n3"):
+            entry = cluster_state_pb2.NodeEntry(report=node_report(node_id), deadline_s=time.time() + 60)
+            await store.write_node(entry, ttl_s=60)
+            await store.write_thermal(node_id, view.thermal_entry(node_id, gpu_sample(60.0)), 60)
+        await view.resync()
+        assert len(view.nodes) == 3
+        position = view.snapshot.write_position
+        await view.resync()
+        assert view.snapshot.write_position == position, "an unchanged registry rewrote the snapshot"
+
+        newer = view.thermal_entry("n2", gpu_sample(75.0))
+        view.apply_thermal("n2", newer)  # as pub/sub delivers it before the resync reads it
+        await store.write_thermal("n2", newer, 60)
+        position = view.snapshot.write_position
+        await view.resync()
+        assert view.snapshot.write_position == position, "what pub/sub delivered was written again"
+
+        await store.write_thermal("n3", view.thermal_entry("n3", gpu_sample(80.0)), 60)  # event missed
+        await view.resync()
+        assert view.snapshot.written_since(position) == [view.snapshot.row_of["n3"]]
+        assert view.snapshot.temperature_c[view.snapshot.row_of["n3"]] == 80.0
+    finally:
+        await store.close()

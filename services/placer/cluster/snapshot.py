@@ -1,8 +1,9 @@
 """Columnar in-memory snapshot of the cluster: one row per worker node, one numpy column per field.
 
-Pick reads it synchronously (no awaits), so one decision always sees one consistent state. Filters and
-scorers work on whole columns, which is what keeps a pick over 8,000 workers well under a millisecond.
-Rows of nodes that left are recycled; `live` marks rows in use.
+Pick reads it synchronously (no awaits), so one decision always sees one consistent state. Every write
+is logged by row, so a reader that keeps per-row results (the Picker's rankings) rescores only the rows
+written since it last looked, not the whole fleet. Rows of nodes that left are recycled; `live` marks
+rows in use.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ _CODE_COLUMNS = ("zone", "rack", "host")  # interned label codes; UNKNOWN_CODE w
 
 UNKNOWN_CODE = -1
 
-# Shared by every snapshot, so a version number never means two states (readers memoize on it).
-_VERSIONS = itertools.count()
+# Shared by every snapshot, so an epoch number never means two snapshots (readers key on it).
+_EPOCHS = itertools.count()
+# The write log keeps at least this many entries (and twice the capacity) before dropping its older half.
+_MIN_LOG_ENTRIES = 4096
 
 
 def topology_keys(zone: str, rack: str, host: str) -> tuple[str, str, str]:
@@ -63,13 +66,18 @@ class ClusterSnapshot:
 
     def __init__(self, capacity: int = 64) -> None:
         self.capacity = capacity
-        self.version = next(_VERSIONS)  # changes with every write; unique across snapshots
+        # Changes when every row must be read again (columns reallocated, a model's size changed, the
+        # write log dropped entries a reader may not have seen); unique across snapshots.
+        self.epoch = next(_EPOCHS)
+        self._log: list[int] = []  # rows written, oldest first (a row appears once per write)
+        self._log_start = 0  # position of _log[0] among every write since the epoch began
         self.num_rows = 0  # rows ever used; columns are valid in [:num_rows]
         self.node_ids: list[str | None] = []
         self.addresses: list[str] = []
         self.row_of: dict[str, int] = {}
         self._free_rows: list[int] = []
         self._codes: dict[str, int] = {}  # label string -> code, shared by zone / rack / host
+        self._labelled: dict[tuple[str, int], np.ndarray] = {}  # (column, code) -> rows; see labelled
         self.models: dict[str, ModelColumns] = {}
         self.clock_event_reasons = np.zeros(capacity, dtype=np.uint64)
         for name in _FLOAT_COLUMNS:
@@ -119,6 +127,40 @@ class ClusterSnapshot:
         (one per request) must not grow the table."""
         return self._codes.get(label, UNKNOWN_CODE) if label else UNKNOWN_CODE
 
+    def labelled(self, column: str, code: int) -> np.ndarray:
+        """Rows whose topology column ("zone", "rack" or "host") holds code, rows no longer live
+        included (readers rank those out anyway); cached until some row's label changes."""
+        key = (column, code)
+        rows = self._labelled.get(key)
+        if rows is None:
+            rows = self._labelled[key] = np.flatnonzero(self.column(column) == code)
+        return rows
+
+    @property
+    def write_position(self) -> int:
+        """How many writes this epoch has seen: a reader's mark for written_since."""
+        return self._log_start + len(self._log)
+
+    def written_since(self, position: int) -> list[int] | None:
+        """Rows written at or after position (a write_position of this epoch; repeats possible); None if
+        the log no longer reaches back that far, and the reader must read every row."""
+        if position < self._log_start:
+            return None
+        return self._log[position - self._log_start :]
+
+    def _written(self, row: int) -> None:
+        log = self._log
+        log.append(row)
+        if len(log) > max(_MIN_LOG_ENTRIES, 2 * self.capacity):
+            half = len(log) // 2
+            del log[:half]
+            self._log_start += half
+
+    def _every_row_changed(self) -> None:
+        self.epoch = next(_EPOCHS)
+        self._log.clear()
+        self._log_start = 0
+
     def column(self, name: str) -> np.ndarray:
         """The first num_rows entries of a column (a view, not a copy)."""
         return getattr(self, name)[: self.num_rows]
@@ -133,10 +175,10 @@ class ClusterSnapshot:
 
     def upsert(self, record: NodeRecord) -> int:
         """Write record into its row (a new row for a new node); returns the row."""
-        self.version = next(_VERSIONS)
         row = self.row_of.get(record.node_id)
         if row is None:
             row = self._new_row(record.node_id)
+        self._written(row)
         self.addresses[row] = record.address
         self.live[row] = True
         self.draining[row] = record.draining
@@ -147,10 +189,12 @@ class ClusterSnapshot:
         self.kv_usage[row] = record.kv_usage
         self.memory_total_bytes[row] = record.memory_total_bytes
         self.memory_free_bytes[row] = record.memory_free_bytes
-        zone, rack, host = topology_keys(record.zone, record.rack, record.host)
-        self.zone[row] = self.code(zone)
-        self.rack[row] = self.code(rack)
-        self.host[row] = self.code(host)
+        codes = [self.code(label) for label in topology_keys(record.zone, record.rack, record.host)]
+        for name, code in zip(_CODE_COLUMNS, codes, strict=True):
+            column = getattr(self, name)
+            if column[row] != code:
+                column[row] = code
+                self._labelled.clear()
         reported = set()
         for model in record.models:
             columns = self._model(model.name, model.weight_bytes)
@@ -166,7 +210,7 @@ class ClusterSnapshot:
 
     def add_waiting(self, row: int) -> None:
         """Count one more request waiting at row, until its next heartbeat reports the real count."""
-        self.version = next(_VERSIONS)
+        self._written(row)
         self.waiting[row] += 1
 
     def remove(self, node_id: str) -> None:
@@ -174,7 +218,7 @@ class ClusterSnapshot:
         row = self.row_of.pop(node_id, None)
         if row is None:
             return
-        self.version = next(_VERSIONS)
+        self._written(row)
         self.live[row] = False
         self.has_thermal[row] = False
         self.node_ids[row] = None
@@ -189,7 +233,7 @@ class ClusterSnapshot:
         row = self.row_of.get(node_id)
         if row is None:
             return False
-        self.version = next(_VERSIONS)
+        self._written(row)
         self._write_thermal(row, sample, trend_c_per_s)
         return True
 
@@ -231,14 +275,17 @@ class ClusterSnapshot:
                 np.zeros(self.capacity, dtype=bool), np.zeros(self.capacity, dtype=bool), weight_bytes
             )
             self.models[name] = columns
-        elif weight_bytes:
+            self._every_row_changed()  # every row may now be able to load it
+        elif weight_bytes and weight_bytes != columns.weight_bytes:
             columns.weight_bytes = weight_bytes
+            self._every_row_changed()  # whether the model fits changes on every row
         return columns
 
     def _grow(self) -> None:
         """Double every column (amortised O(1) per new node)."""
         old = self.capacity
         self.capacity *= 2
+        self._every_row_changed()  # readers' per-row arrays are sized to the old capacity
         for name in (*_FLOAT_COLUMNS, *_BOOL_COLUMNS, *_CODE_COLUMNS, "clock_event_reasons"):
             column = getattr(self, name)
             grown = (

@@ -90,18 +90,22 @@ class ClusterView(ClusterState):
 
     def _apply_serialized(self, entries: dict[str, tuple[bytes, bytes | None]]) -> None:
         for node_id, (raw_node, raw_thermal) in entries.items():
-            # Decoding 8,000 entries costs more than comparing bytes: only changed ones are decoded.
-            if self._raw.get(node_id) == (raw_node, raw_thermal):
-                continue
+            # Decoding 8,000 entries costs more than comparing bytes: only changed ones are decoded. And
+            # a resync writes the snapshot only where it holds something the view lacks: pub/sub has
+            # usually delivered it already, and every snapshot write makes the picker rescore a row.
+            last_node, last_thermal = self._raw.get(node_id, (None, None))
             self._raw[node_id] = (raw_node, raw_thermal)
-            if raw_thermal is not None:
-                self.apply_thermal(node_id, cluster_state_pb2.ThermalEntry.FromString(raw_thermal))
-            else:
+            if raw_thermal != last_thermal:
+                if raw_thermal is not None:
+                    entry = cluster_state_pb2.ThermalEntry.FromString(raw_thermal)
+                    if self.thermal.get(node_id) != entry:
+                        self.apply_thermal(node_id, entry)
                 # Its thermal key outlived its TTL (the telemetry agent went quiet): the last sample
                 # must not pass for a fresh one. Without it the node's thermal state scores as unknown.
-                if self.thermal.pop(node_id, None) is not None:
+                elif self.thermal.pop(node_id, None) is not None:
                     self.snapshot.update_thermal(node_id, None, 0.0)
-            self.apply_node(cluster_state_pb2.NodeEntry.FromString(raw_node))
+            if raw_node != last_node:
+                self.apply_node(cluster_state_pb2.NodeEntry.FromString(raw_node))
 
     async def _resync_loop(self) -> None:
         while True:

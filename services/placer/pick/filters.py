@@ -1,7 +1,11 @@
-"""Pick filters: each `(snapshot, query) -> bool[num_rows]`, True where the node may take the request.
+"""Pick filters: each `(snapshot, query, rows) -> bool[len(rows)]`, True where the node may take the request.
 
-Filters are pure: they read the snapshot's columns and never change them. The framework ANDs every
-registered filter; a node has to pass all of them to be scored at all.
+`rows` is a slice over the whole snapshot or an array of row indices: the Picker keeps every row's
+verdict per model and class and asks again only for the rows written since (snapshot.written_since), so
+a filter may read from the query only the model, the workload class and now_s (compared against
+deadline_s: a verdict that time changes is caught by the deadline alone). Per-request conditions, such as
+the nodes a retry excludes, are the Picker's. Filters are pure: they read columns and change nothing. A
+node has to pass every registered filter to be scored at all.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.pick import nvml_bits
 from services.placer.pick.query import PickQuery
 
-Filter = Callable[[ClusterSnapshot, PickQuery], np.ndarray]
+Rows = slice | np.ndarray  # the rows asked about: a slice of the snapshot or row indices
+Filter = Callable[[ClusterSnapshot, PickQuery, Rows], np.ndarray]
 
 
 @dataclass(frozen=True)
@@ -26,44 +31,45 @@ class FilterConfig:
     shutdown_margin_c: float = 5.0  # refuse a GPU this close (degrees C) to its shutdown temperature
 
 
-def healthy(snapshot: ClusterSnapshot, query: PickQuery) -> np.ndarray:
-    """live and deadline_s > query.now_s (heartbeat not expired) and not draining and not in query.exclude."""
-    ok = (
-        snapshot.column("live") & (snapshot.column("deadline_s") > query.now_s) & ~snapshot.column("draining")
-    )
-    for node_id in query.exclude:
-        row = snapshot.row_of.get(node_id)
-        if row is not None:
-            ok[row] = False
-    return ok
+def all_rows(snapshot: ClusterSnapshot) -> slice:
+    """Every row of snapshot, as the rows argument of a filter or a row scorer."""
+    return slice(0, snapshot.num_rows)
 
 
-def model_loadable(snapshot: ClusterSnapshot, query: PickQuery) -> np.ndarray:
+def healthy(snapshot: ClusterSnapshot, query: PickQuery, rows: Rows) -> np.ndarray:
+    """deadline_s > query.now_s (heartbeat not expired) and not draining. (Rows of nodes that left are
+    never candidates: the Picker and passing() require live on top of every filter.)"""
+    return (snapshot.deadline_s[rows] > query.now_s) & ~snapshot.draining[rows]
+
+
+def model_loadable(snapshot: ClusterSnapshot, query: PickQuery, rows: Rows) -> np.ndarray:
     """resident or host_copy or memory_free_bytes >= weight_bytes; all False if no node ever reported
     the model. A weight_bytes of 0 (size never reported) lets any node count as able to load it.
     """
-    model = snapshot.model_columns(query.model)
+    model = snapshot.models.get(query.model)
     if model is None:
-        return np.zeros(snapshot.num_rows, dtype=bool)
-    fits = snapshot.column("memory_free_bytes") >= model.weight_bytes
-    return model.resident | model.host_copy | fits
+        return np.zeros(snapshot.live[rows].shape, dtype=bool)
+    fits = snapshot.memory_free_bytes[rows] >= model.weight_bytes
+    return model.resident[rows] | model.host_copy[rows] | fits
 
 
-def memory(snapshot: ClusterSnapshot, query: PickQuery, *, kv_full_fraction: float = 0.98) -> np.ndarray:
+def memory(
+    snapshot: ClusterSnapshot, query: PickQuery, rows: Rows, *, kv_full_fraction: float = 0.98
+) -> np.ndarray:
     """kv_usage < kv_full_fraction, and where the model is not resident memory_free_bytes >= weight_bytes.
 
     A host copy still has to be copied onto the GPU, so it needs the free memory as much as a cold load.
     """
-    ok = snapshot.column("kv_usage") < kv_full_fraction
-    model = snapshot.model_columns(query.model)
+    ok = snapshot.kv_usage[rows] < kv_full_fraction
+    model = snapshot.models.get(query.model)
     if model is None:
         return ok  # model_loadable rejects every node anyway
-    fits = snapshot.column("memory_free_bytes") >= model.weight_bytes
-    return ok & (model.resident | fits)
+    fits = snapshot.memory_free_bytes[rows] >= model.weight_bytes
+    return ok & (model.resident[rows] | fits)
 
 
 def not_thermally_critical(
-    snapshot: ClusterSnapshot, query: PickQuery, *, shutdown_margin_c: float = 5.0
+    snapshot: ClusterSnapshot, query: PickQuery, rows: Rows, *, shutdown_margin_c: float = 5.0
 ) -> np.ndarray:
     """Nodes without a thermal sample pass. With one, both must hold:
     - temperature_c < shutdown_temperature_c - shutdown_margin_c (only where shutdown is known, i.e. > 0);
@@ -72,13 +78,22 @@ def not_thermally_critical(
     Milder heat (software slowdown, near the threshold) is left to scoring: such a GPU is a last resort for
     latency classes, not removed.
     """
-    temp = snapshot.column("temperature_c")
-    shutdown = snapshot.column("shutdown_temperature_c")
+    temp = snapshot.temperature_c[rows]
+    shutdown = snapshot.shutdown_temperature_c[rows]
     below_shutdown = (shutdown <= 0.0) | (temp < shutdown - shutdown_margin_c)
-    hw_throttled = nvml_bits.any_bits(snapshot.column("clock_event_reasons"), nvml_bits.HW_THERMAL)
-    past_slowdown = temp >= nvml_bits.slowdown_threshold_c(snapshot.column("slowdown_temperature_c"))
+    hw_throttled = nvml_bits.any_bits(snapshot.clock_event_reasons[rows], nvml_bits.HW_THERMAL)
+    past_slowdown = temp >= nvml_bits.slowdown_threshold_c(snapshot.slowdown_temperature_c[rows])
     critical = ~below_shutdown | (hw_throttled & past_slowdown)
-    return ~(snapshot.column("has_thermal") & critical)
+    return ~(snapshot.has_thermal[rows] & critical)
+
+
+def passing(snapshot: ClusterSnapshot, query: PickQuery, filters: Mapping[str, Filter]) -> np.ndarray:
+    """Rows of live nodes that pass every filter, in row order (for policies that need no scores)."""
+    rows = all_rows(snapshot)
+    ok = snapshot.live[rows].copy()
+    for keep in filters.values():
+        ok &= keep(snapshot, query, rows)
+    return np.flatnonzero(ok)
 
 
 def build_filters(config: FilterConfig | None = None) -> dict[str, Filter]:

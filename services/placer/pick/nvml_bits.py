@@ -31,9 +31,15 @@ HW_THERMAL = HW_THERMAL_SLOWDOWN | HW_SLOWDOWN
 DEFAULT_SLOWDOWN_TEMPERATURE_C = 87.0
 
 
+_AS_UINT64: dict[int, np.uint64] = {}  # masks converted once: np.uint64() is a call per use otherwise
+
+
 def any_bits(reasons: np.ndarray, mask: int) -> np.ndarray:
     """Per row: True where reasons (uint64 clock-event bit mask) has any bit of mask set."""
-    return (reasons & np.uint64(mask)) != 0
+    wide = _AS_UINT64.get(mask)
+    if wide is None:
+        wide = _AS_UINT64[mask] = np.uint64(mask)
+    return (reasons & wide) != 0
 
 
 def slowdown_threshold_c(

@@ -1,8 +1,16 @@
-"""Pick scorers: each `(snapshot, query, context) -> float[num_rows]`, a value in [0, 1] per node, 1 best.
+"""Pick scorers: a value in [0, 1] per node, 1 best. Two kinds:
+
+- a row scorer, `(snapshot, query, rows) -> float[len(rows)]`, depends on the node's columns, the model
+  and the workload class only (`rows` as for filters: a slice or row indices). The Picker keeps its
+  values per model and class and rescores only the rows written since, so reading anything else from
+  the query would be a bug;
+- a RequestScorer depends on the request itself (the caller's topology, the prompt's prefix): it runs
+  on every pick, writing into `out` (float[num_rows], all 0) and returning the rows it wrote (repeats
+  allowed, the last write counting) or None, so a pick touches only the rows a request favours.
 
 Scorers are pure: they read the snapshot's columns, the query and the framework-resolved context, and
-change nothing. The framework clamps their output to [0, 1] (NaN becomes 0), weights it per workload class
-and sums; a scorer documents its formula and need not repeat the clamp.
+change nothing else. The framework clamps their output to [0, 1] (NaN becomes 0), weights it per
+workload class and sums; a scorer documents its formula and need not repeat the clamp.
 """
 
 from __future__ import annotations
@@ -17,9 +25,37 @@ import numpy as np
 from services.common.workload import WorkloadClass
 from services.placer.cluster.snapshot import UNKNOWN_CODE, ClusterSnapshot, topology_keys
 from services.placer.pick import nvml_bits
+from services.placer.pick.filters import Rows
 from services.placer.pick.query import PickContext, PickQuery
 
-Scorer = Callable[[ClusterSnapshot, PickQuery, PickContext], np.ndarray]
+RowScorer = Callable[[ClusterSnapshot, PickQuery, Rows], np.ndarray]
+
+
+@dataclass(frozen=True)
+class RequestScorer:
+    """A scorer whose values depend on the request, not only on the node, model and class."""
+
+    score: Callable[[ClusterSnapshot, PickQuery, PickContext, np.ndarray], np.ndarray | None]
+
+
+Scorer = RowScorer | RequestScorer
+
+
+def evaluate(scorer: Scorer, snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
+    """Either kind of scorer's value for every row (float[num_rows]) as the Picker weighs it: clamped to
+    [0, 1], NaN as 0. For tests, tools and policies that want a whole column."""
+    if isinstance(scorer, RequestScorer):
+        values = np.zeros(snapshot.num_rows)
+        scorer.score(snapshot, query, context, values)
+    else:
+        values = np.array(scorer(snapshot, query, slice(0, snapshot.num_rows)), dtype=np.float64)
+    return clamp_scores(values)
+
+
+def clamp_scores(values: np.ndarray) -> np.ndarray:
+    """values clamped to [0, 1] in place, NaN as 0 (a scorer's NaN means "no information", not "best")."""
+    # fmax first: it maps NaN to 0.
+    return np.minimum(np.fmax(values, 0.0, out=values), 1.0, out=values)
 
 
 @dataclass(frozen=True)
@@ -33,34 +69,36 @@ class ScorerConfig:
     prefix_queue_limit: float = 8.0
 
 
-def model_affinity(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
+def model_affinity(snapshot: ClusterSnapshot, query: PickQuery, rows: Rows) -> np.ndarray:
     """1.0 where the model is resident, 0.5 where a host copy is kept, 0.0 where it would load cold."""
-    model = snapshot.model_columns(query.model)
+    model = snapshot.models.get(query.model)
     if model is None:
-        return np.zeros(snapshot.num_rows)
+        return np.zeros(snapshot.live[rows].shape)
+    resident = model.resident[rows]
     # 0, 1 or 2 halves: "resident or host copy" counts one, resident one more. uint8 sums are cheap.
-    halves = model.resident.view(np.uint8) + (model.resident | model.host_copy).view(np.uint8)
+    halves = resident.view(np.uint8) + (resident | model.host_copy[rows]).view(np.uint8)
     return halves * 0.5
 
 
-def load(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
-    """1 - clamp(0.5 * (running + waiting) / max(max_running, 1) + 0.5 * kv_usage, 0, 1).
+def load(snapshot: ClusterSnapshot, query: PickQuery, rows: Rows) -> np.ndarray:
+    """1 - (0.5 * (running + waiting) / max(max_running, 1) + 0.5 * kv_usage), so 0 once the node is
+    full (the framework's clamp floors it there).
 
     Normalised against each node's own capacity, not min-max across candidates, so one decision's value
     means the same in the next; a queue longer than capacity drives it to 0.
     """
-    busy = snapshot.column("running") + snapshot.column("waiting")  # in place from here: one temporary
-    busy /= np.maximum(snapshot.column("max_running"), 1.0)
-    busy += snapshot.column("kv_usage")
-    busy *= 0.5
-    np.clip(busy, 0.0, 1.0, out=busy)
-    return np.subtract(1.0, busy, out=busy)
+    busy = snapshot.running[rows] + snapshot.waiting[rows]  # in place from here: one temporary
+    busy /= np.maximum(snapshot.max_running[rows], 1.0)
+    busy += snapshot.kv_usage[rows]
+    busy *= -0.5
+    busy += 1.0
+    return busy
 
 
 def thermal_headroom(
     snapshot: ClusterSnapshot,
     query: PickQuery,
-    context: PickContext,
+    rows: Rows,
     *,
     config: ScorerConfig = ScorerConfig(),  # frozen, so one shared default is safe
 ) -> np.ndarray:
@@ -71,47 +109,54 @@ def thermal_headroom(
     config.thermal_span_c, horizon config.thermal_horizon_s, trend temperature_trend_c_per_s (only a rising
     temperature counts). Nodes without a thermal sample get config.no_sample_thermal_score (neutral 0.5).
     """
-    temp = snapshot.column("temperature_c")
-    slowdown = nvml_bits.slowdown_threshold_c(
-        snapshot.column("slowdown_temperature_c"), config.default_slowdown_c
-    )
-    rising = np.maximum(snapshot.column("temperature_trend_c_per_s"), 0.0)
+    temp = snapshot.temperature_c[rows]
+    reported = snapshot.slowdown_temperature_c[rows]
+    slowdown = nvml_bits.slowdown_threshold_c(reported, config.default_slowdown_c)
+    rising = np.maximum(snapshot.temperature_trend_c_per_s[rows], 0.0)
     # In place, one temporary: degrees C of headroom left after `horizon` seconds at the current trend.
     score = slowdown - temp
     score -= rising * config.thermal_horizon_s
     score /= config.thermal_span_c
-    np.clip(score, 0.0, 1.0, out=score)
+    np.minimum(np.maximum(score, 0.0, out=score), 1.0, out=score)  # before the bits scale it down
     # putmask rather than score[mask] = ...: the same result, a few times faster on scattered masks.
-    reasons = snapshot.column("clock_event_reasons")
+    reasons = snapshot.clock_event_reasons[rows]
     np.putmask(score, nvml_bits.any_bits(reasons, nvml_bits.POWER_SLOWDOWN), score * 0.25)
     np.putmask(score, nvml_bits.any_bits(reasons, nvml_bits.THERMAL_SLOWDOWN), 0.0)
-    np.putmask(score, ~snapshot.column("has_thermal"), config.no_sample_thermal_score)
+    np.putmask(score, ~snapshot.has_thermal[rows], config.no_sample_thermal_score)
     return score
 
 
-def topology(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext) -> np.ndarray:
+def topology(
+    snapshot: ClusterSnapshot, query: PickQuery, context: PickContext, out: np.ndarray
+) -> np.ndarray | None:
     """max of: 1.0 on the caller's host, 0.7 in its rack, 0.4 in its zone; 0.0 elsewhere.
 
     A caller label that is unknown ("") matches nothing, so with no caller labels every node scores 0 (no
-    preference). Labels compare as interned codes, racks qualified by their zone (topology_keys).
+    preference). Labels compare as interned codes, racks qualified by their zone (topology_keys); the
+    snapshot keeps each label's rows, so this touches only the caller's zone, rack and host.
     """
-    score = np.zeros(snapshot.num_rows)
+    written = []
     zone, rack, host = topology_keys(query.caller_zone, query.caller_rack, query.caller_host)
     for label, column, value in ((zone, "zone", 0.4), (rack, "rack", 0.7), (host, "host", 1.0)):
         code = snapshot.known_code(label)
         if code != UNKNOWN_CODE:
+            rows = snapshot.labelled(column, code)
             # Later levels are closer, so they overwrite: the result is the max of the matches.
-            np.putmask(score, snapshot.column(column) == code, value)
-    return score
+            out[rows] = value
+            written.append(rows)
+    if not written:
+        return None
+    return written[0] if len(written) == 1 else np.concatenate(written)
 
 
 def prefix_affinity(
     snapshot: ClusterSnapshot,
     query: PickQuery,
     context: PickContext,
+    out: np.ndarray,
     *,
     config: ScorerConfig = ScorerConfig(),
-) -> np.ndarray:
+) -> np.ndarray | None:
     """On context.prefix_row (the node that last served query.prefix_hash, resolved by the framework: it
     likely still holds the prefix's KV blocks): 1.0, or for a BATCH request max(0, 1 - waiting /
     config.prefix_queue_limit); 0.0 everywhere else and everywhere when it is None.
@@ -120,14 +165,14 @@ def prefix_affinity(
     documents (one shared instruction prefix) to one node, whose queue then grew without bound. Latency
     classes are served ahead of that queue by the worker's adaptive policy, and the queue ahead of them
     (their own class) is not in the heartbeat, so for them the cache keeps its full weight."""
-    score = np.zeros(snapshot.num_rows)
     row = context.prefix_row
-    if row is not None and 0 <= row < snapshot.num_rows:
-        value = 1.0
-        if query.workload_class == WorkloadClass.BATCH:
-            value = max(0.0, 1.0 - snapshot.waiting[row] / config.prefix_queue_limit)
-        score[row] = value
-    return score
+    if row is None or not 0 <= row < snapshot.num_rows:
+        return None
+    value = 1.0
+    if query.workload_class == WorkloadClass.BATCH:
+        value = max(0.0, 1.0 - snapshot.waiting[row] / config.prefix_queue_limit)
+    out[row] = value
+    return np.array([row])
 
 
 def build_scorers(config: ScorerConfig | None = None) -> dict[str, Scorer]:
@@ -137,8 +182,8 @@ def build_scorers(config: ScorerConfig | None = None) -> dict[str, Scorer]:
         "model_affinity": model_affinity,
         "load": load,
         "thermal_headroom": functools.partial(thermal_headroom, config=config),
-        "topology": topology,
-        "prefix_affinity": functools.partial(prefix_affinity, config=config),
+        "topology": RequestScorer(topology),
+        "prefix_affinity": RequestScorer(functools.partial(prefix_affinity, config=config)),
     }
 
 

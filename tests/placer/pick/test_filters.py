@@ -19,8 +19,6 @@ HEALTHY = [
     ("deadline passed", {"deadline": -0.1}, {}, False),
     ("deadline exactly now", {"deadline": 0.0}, {}, False),
     ("draining", {"draining": True}, {}, False),
-    ("excluded", {}, {"exclude": frozenset({"n"})}, False),
-    ("another node excluded", {}, {"exclude": frozenset({"other", "gone"})}, True),
 ]
 
 # The helper's model weighs 16 GB.
@@ -76,7 +74,7 @@ THERMAL = [
 
 def _passes(keep: filters.Filter, spec: dict[str, Any], fields: dict[str, Any]) -> bool:
     snapshot = snapshot_of({"id": "n", **spec})
-    mask = keep(snapshot, query(**fields))
+    mask = keep(snapshot, query(**fields), filters.all_rows(snapshot))
     assert mask.dtype == np.bool_ and mask.shape == (snapshot.num_rows,)
     return bool(by_id(snapshot, mask)["n"])
 
@@ -94,11 +92,12 @@ def test_filter_cases(
     assert _passes(keep, spec, fields) is expected
 
 
-def test_removed_node_row_fails_healthy() -> None:
-    snapshot = snapshot_of({"id": "a"}, {"id": "b"})
+def test_a_removed_node_row_never_passes() -> None:
+    snapshot = snapshot_of({"id": "a", "free_gb": 20}, {"id": "b", "free_gb": 20})
     row = snapshot.row_of["a"]
     snapshot.remove("a")
-    assert not filters.healthy(snapshot, query())[row]
+    assert filters.passing(snapshot, query(), filters.DEFAULT_FILTERS).tolist() == [snapshot.row_of["b"]]
+    assert row != snapshot.row_of["b"]
 
 
 def test_thresholds_come_from_config() -> None:
@@ -108,7 +107,8 @@ def test_thresholds_come_from_config() -> None:
     snapshot = snapshot_of(
         {"id": "n", "models": {"llama-8b": "resident"}, "kv": 0.6, "temp": 86, "shutdown": 95}
     )
-    assert not built["memory"](snapshot, query())[0]
-    assert not built["not_thermally_critical"](snapshot, query())[0]
-    assert filters.DEFAULT_FILTERS["memory"](snapshot, query())[0]
-    assert filters.DEFAULT_FILTERS["not_thermally_critical"](snapshot, query())[0]
+    rows = filters.all_rows(snapshot)
+    assert not built["memory"](snapshot, query(), rows)[0]
+    assert not built["not_thermally_critical"](snapshot, query(), rows)[0]
+    assert filters.DEFAULT_FILTERS["memory"](snapshot, query(), rows)[0]
+    assert filters.DEFAULT_FILTERS["not_thermally_critical"](snapshot, query(), rows)[0]

@@ -191,10 +191,10 @@ def test_result_explains_the_choice() -> None:
 def test_framework_clamps_and_skips_zero_weights() -> None:
     raw = {"a": float("nan"), "b": 5.0, "c": -2.0}
 
-    def odd(snapshot: Any, query: Any, context: Any) -> np.ndarray:
-        return np.array([raw[node_id] for node_id in snapshot.node_ids])
+    def odd(snapshot: Any, query: Any, rows: Any) -> np.ndarray:
+        return np.array([raw[node_id] for node_id in snapshot.node_ids])[rows]
 
-    def broken(snapshot: Any, query: Any, context: Any) -> np.ndarray:
+    def broken(snapshot: Any, query: Any, rows: Any) -> np.ndarray:
         raise AssertionError("a scorer with weight 0 must not run")
 
     weights = ClassWeights({CHAT: {"odd": 1.0, "broken": 0.0}})

@@ -78,7 +78,7 @@ def _value(
     scorer: scorers.Scorer, spec: dict[str, Any], fields: dict[str, Any], context: PickContext
 ) -> float:
     snapshot = snapshot_of({"id": "n", **spec})
-    values = scorer(snapshot, query(**fields), context)
+    values = scorers.evaluate(scorer, snapshot, query(**fields), context)
     assert values.shape == (snapshot.num_rows,)
     return by_id(snapshot, values)["n"]
 
@@ -95,12 +95,12 @@ def _params(name: str, cases: list[tuple[str, dict[str, Any], dict[str, Any], fl
     + _params("thermal_headroom", THERMAL)
     + _params("topology", TOPOLOGY)
     + [
-        pytest.param(scorers.prefix_affinity, s, {}, ctx, v, id=f"prefix_affinity: {c}")
+        pytest.param(scorers.DEFAULT_SCORERS["prefix_affinity"], s, {}, ctx, v, id=f"prefix_affinity: {c}")
         for c, s, ctx, v in PREFIX
     ]
     + [
         pytest.param(
-            scorers.prefix_affinity,
+            scorers.DEFAULT_SCORERS["prefix_affinity"],
             s,
             {"workload_class": WorkloadClass.BATCH},
             ctx,
@@ -120,7 +120,7 @@ def test_scorer_cases(
     assert _value(scorer, spec, fields, context) == pytest.approx(expected)
 
 
-def test_scorers_stay_in_unit_range_and_change_nothing() -> None:
+def test_scorers_give_a_number_per_row_and_change_nothing() -> None:
     rng = np.random.default_rng(7)
     nodes = [
         {
@@ -141,16 +141,24 @@ def test_scorers_stay_in_unit_range_and_change_nothing() -> None:
     before = {name: snapshot.column(name).copy() for name in ("temperature_c", "running", "kv_usage")}
     q = query(caller_zone="z1", caller_host="n3")
     for name, scorer in scorers.DEFAULT_SCORERS.items():
-        values = scorer(snapshot, q, PickContext(prefix_row=4))
-        assert values.shape == (snapshot.num_rows,), name
-        assert np.all((values >= 0.0) & (values <= 1.0)), name
+        if isinstance(scorer, scorers.RequestScorer):
+            out = np.zeros(snapshot.num_rows)
+            written = scorer.score(snapshot, q, PickContext(prefix_row=4), out)
+            assert written is not None and np.all(out[np.setdiff1d(np.arange(out.size), written)] == 0), name
+        else:
+            out = scorer(snapshot, q, slice(0, snapshot.num_rows))
+            assert out.shape == (snapshot.num_rows,), name
+            rows = np.array([3, 1, 4])
+            np.testing.assert_array_equal(scorer(snapshot, q, rows), out[rows])  # rows or a slice alike
+        assert np.all(np.isfinite(out)), name
     for name, column in before.items():
         np.testing.assert_array_equal(snapshot.column(name), column)
 
 
 def test_every_scorer_documents_its_formula() -> None:
     for name, scorer in scorers.DEFAULT_SCORERS.items():
-        function = scorer.func if isinstance(scorer, functools.partial) else scorer
+        function = scorer.score if isinstance(scorer, scorers.RequestScorer) else scorer
+        function = function.func if isinstance(function, functools.partial) else function
         assert function.__doc__ and len(function.__doc__) > 40, name
 
 
@@ -158,6 +166,6 @@ def test_thermal_constants_come_from_config() -> None:
     config = scorers.ScorerConfig(thermal_span_c=10.0, default_slowdown_c=80.0, no_sample_thermal_score=0.2)
     thermal = scorers.build_scorers(config)["thermal_headroom"]
     snapshot = snapshot_of({"id": "hot", "temp": 75, "slowdown": 0}, {"id": "unknown"})
-    assert by_id(snapshot, thermal(snapshot, query(), NO_CONTEXT)) == pytest.approx(
+    assert by_id(snapshot, scorers.evaluate(thermal, snapshot, query(), NO_CONTEXT)) == pytest.approx(
         {"hot": 0.5, "unknown": 0.2}
     )
