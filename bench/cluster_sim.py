@@ -6,8 +6,11 @@ one JSON line on stdout, progress on stderr, and writes the comparison's plot.
 1. The comparison: every policy on one seeded trace over a fleet with severe cooling imbalance.
 2. The sensitivity sweep: ours and least-loaded with no and mild imbalance too (severe is run 1's).
 3. The scale run: ours on 8,000 GPUs (1,000 hosts x 8), wall time and picks per second.
-Fidelity against the real mesh (the simulator configured as the local two-worker mesh) is not
-measured yet: its keys are null.
+4. Fidelity against the real mesh (bench/sim_fidelity.py: the simulator configured as the local two-worker
+   mesh on this CPU's fitted step times, against `hanzo-mesh up` on the same trace): run in the full
+   bench; --quick (which must stay under two minutes, too short to start and load a mesh) reports the
+   last full fidelity run's result (.cache/bench/sim_fidelity.json, with its time) or null without one.
+   --fidelity chooses either way (run, last, off).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 # Run as a script, Python put bench/ (not the repo root) on sys.path; `sim` and `services` live in the root.
@@ -42,6 +46,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=None, help="parallel runs (default: the CPUs)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--plot", type=Path, default=PLOT)
+    parser.add_argument(
+        "--fidelity", choices=("run", "last", "off"), default=None,
+        help="against the real mesh: run it (full default), the last run's result (quick default), or off",
+    )  # fmt: skip
     return parser.parse_args()
 
 
@@ -71,6 +79,7 @@ def main() -> None:
     scale_config = config(int(plan["scale_hosts"]), plan["scale_minutes"], args.seed)
     scale = run_policies(scale_config, ["ours"], 1)[0]
 
+    fidelity = _fidelity(args.fidelity or ("last" if args.quick else "run"), args.seed)
     assert H200.thermal is not None
     plot_path = plot(runs, args.plot, H200.thermal.slowdown_c)
     ours, least = by_policy["ours"], by_policy["least_loaded"]
@@ -94,8 +103,9 @@ def main() -> None:
         "batch_output_tok_s": batch,
         "batch_throughput_vs_best": batch_vs_best,
         "sweep": sweep,
-        "fidelity_ttft_p99_error": None,
-        "fidelity_throughput_error": None,
+        "fidelity_ttft_p99_error": fidelity.get("fidelity_ttft_p99_error"),
+        "fidelity_throughput_error": fidelity.get("fidelity_throughput_error"),
+        "fidelity": fidelity,
         "policies": {p: {k: v for k, v in r.items() if k != "trace"} for p, r in by_policy.items()},
         "targets": TARGETS,
         "targets_met": {
@@ -111,6 +121,30 @@ def main() -> None:
         "bench_seconds": time.perf_counter() - started,
     }
     print(json.dumps(result))
+
+
+def _fidelity(mode: str, seed: int) -> dict[str, object]:
+    """The fidelity figures (bench/sim_fidelity.py's result, less the per-class detail): measured now,
+    read from the last full run, or none."""
+    from bench.sim_fidelity import FULL as FIDELITY_FULL
+    from bench.sim_fidelity import OUT as FIDELITY_OUT
+    from bench.sim_fidelity import run_fidelity
+
+    if mode == "off":
+        return {"source": "off"}
+    if mode == "run":
+        log("fidelity: the local mesh and the simulator on one trace")
+        result = run_fidelity(replace(FIDELITY_FULL, seed=seed))
+        source = "run"
+    elif FIDELITY_OUT.exists():
+        result, source = json.loads(FIDELITY_OUT.read_text()), str(FIDELITY_OUT)
+    else:
+        return {"source": "none: run bench/sim_fidelity.py"}
+    keep = (
+        "fidelity_ttft_p99_error", "fidelity_ttft_p50_error", "fidelity_throughput_error", "weighted_errors",
+        "errors", "aggregation", "target", "window_s", "requests", "measured_at",
+    )  # fmt: skip
+    return {"source": source, **{k: result.get(k) for k in keep}}
 
 
 def _thermal(run: dict[str, object]) -> dict[str, object]:

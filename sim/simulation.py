@@ -29,6 +29,7 @@ from sim.request import Request
 from sim.results import GPU_SLOS, ClassResults, ServiceLevel
 from sim.sharegpt import Conversation
 from sim.thermal import FleetThermal
+from sim.trace import TraceWorkload
 from sim.workload import Workload, WorkloadConfig
 
 FEED_SLICE_S = 0.1
@@ -46,10 +47,19 @@ class SimConfig:
     network: NetworkCosts = field(default_factory=NetworkCosts)
     slos: dict[WorkloadClass, ServiceLevel] = field(default_factory=lambda: dict(GPU_SLOS))
     seed: int = 0
+    caller_rack: str = ""  # the callers' rack (the local mesh's gateway shares one with a worker); "": none
 
 
 class Simulation:
-    def __init__(self, config: SimConfig, policy: str, conversations: list[Conversation]) -> None:
+    def __init__(
+        self,
+        config: SimConfig,
+        policy: str,
+        conversations: list[Conversation],
+        workload: Workload | TraceWorkload | None = None,
+    ) -> None:
+        """workload: what arrives (sim/trace.py's TraceWorkload replays a fixed trace); None generates
+        config.workload's."""
         self.config = config
         self.policy_name = policy
         profile = config.profile
@@ -75,7 +85,7 @@ class Simulation:
         self.state = ClusterState(clock=lambda: self.now)
         self.feed = Feed(self.state, fleet, self.engines, self.thermal, profile, config.seed)
         self.choose = POLICIES[policy](config.seed)
-        self.workload = Workload(
+        self.workload = workload or Workload(
             config.workload, config.layout.gpus, fleet.zone_names, conversations, config.seed
         )
         self.classes = {wc: ClassResults(slo) for wc, slo in config.slos.items()}
@@ -132,6 +142,7 @@ class Simulation:
             model=request.model,
             workload_class=request.workload,
             caller_zone=request.caller_zone,
+            caller_rack=self.config.caller_rack,
             prefix_hash=request.prefix_hash or None,
             prompt_tokens=request.prompt,
             now_s=self.now,

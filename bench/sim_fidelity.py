@@ -1,0 +1,209 @@
+"""The fleet simulator's fidelity: one seeded trace served by the real local mesh (`hanzo-mesh up`: two
+workers on SmolLM2 and MiniLM) and by the simulator configured as that mesh (sim/fidelity.py), with
+TTFT p50 / p99 and throughput per class from both and their relative errors; one JSON line on stdout,
+progress on stderr, the result also written to .cache/bench/sim_fidelity.json.
+
+    .venv/bin/python bench/sim_fidelity.py [--quick] [--seed 0] [--sim-only]
+
+The CPU profile comes from sim/calibrate.py (measured once per machine and cached). The mesh's telemetry
+agents run their simulated GPU with no heating (HANZO_TELEMETRY_SIM_HEATING_C_AT_FULL_LOAD=0): their
+temperature would otherwise follow seat occupancy to past the slowdown threshold and steer the placer by
+heat a CPU does not have; the simulated mesh is thermally neutral the same way (sim/cpu_profile.py).
+Headline errors are the worst class's (the target holds for each); request-weighted means beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.chaos_mesh import UpProcess
+from bench.fidelity_replay import Tokens, replay
+from bench.progress import log
+from services.mesh.driver import wait_for_models
+from sim.calibrate import calibrate, single_token_words
+from sim.cpu_profile import cpu_profile
+from sim.fidelity import (
+    CHAT_MODEL,
+    EMBED_MODEL,
+    FidelityPlan,
+    Served,
+    class_metrics,
+    headline,
+    make_trace,
+    offered_load,
+    relative_errors,
+    simulate,
+    weighted,
+)
+from sim.sharegpt import conversations
+from sim.trace import Trace
+
+FULL = FidelityPlan(window_s=180.0)
+QUICK = FidelityPlan(window_s=40.0)
+CONVERSATIONS = 3000  # as sim/compare.py samples
+OUT = Path(__file__).resolve().parents[1] / ".cache" / "bench" / "sim_fidelity.json"
+OUT_QUICK = OUT.with_name("sim_fidelity_quick.json")
+TARGET = 0.15
+MESH_ENV = {"HANZO_TELEMETRY_SIM_HEATING_C_AT_FULL_LOAD": "0"}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a 40 s trace instead of 180 s")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--sim-only", action="store_true", help="only the simulated side (sizing the trace)")
+    return parser.parse_args(argv)
+
+
+def serve_on_mesh(trace: Trace, seed: int, words: list[str]) -> tuple[list[Served], dict[str, object]]:
+    """Start `hanzo-mesh up`, warm it, replay the trace, stop it; the requests as served."""
+    with tempfile.TemporaryDirectory(prefix="sim-fidelity-") as root:
+        up = UpProcess(Path(root), workers=2, env=MESH_ENV)
+        started = time.monotonic()
+        up.start()
+        try:
+            ready_s = time.monotonic() - started
+            want = {CHAT_MODEL: 2, EMBED_MODEL: 2}
+            seen = asyncio.run(wait_for_models(up.gateway, up.api_key, want, timeout_s=60))
+            log(f"mesh up in {ready_s:.0f} s, models {seen}; warming up")
+            asyncio.run(replay(_warm_up(trace), up.gateway, up.api_key, Tokens(seed + 1, words)))
+            log(f"replaying {trace.requests()} requests over {trace.duration_s:.0f} s")
+            pids = {**up.services(), "client": os.getpid()}
+            cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
+            began = time.monotonic()
+            served = asyncio.run(replay(trace, up.gateway, up.api_key, Tokens(seed, words)))
+            wall = time.monotonic() - began
+            # Where the two cores went while the trace ran: the workers' share is what the calibration
+            # measured alone; the rest is what the simulator does not model.
+            cpu = {name: round(_cpu_s(pid) - cpu_before[name], 2) for name, pid in pids.items()}
+            meta = {"mesh_ready_s": ready_s, "replay_wall_s": wall, "models": seen, "cpu_s": cpu}
+            meta["engine_steps"] = _engine_steps(up)
+            # The dtype each worker's "auto" measured at its start (the calibration measured its own).
+            logs = sorted(Path(root).glob("runs/*/worker-*.log"))
+            meta["worker_dtypes"] = [_dtype_line(log.read_text()) for log in logs]
+        finally:
+            meta_code = up.stop()
+        meta["mesh_exit_code"] = meta_code
+    return served, meta
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) the process has used, from /proc; 0 once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _engine_steps(up: UpProcess) -> dict[str, dict[str, float]]:
+    """Each worker's engine steps by the token budget its policy chose (its Prometheus counter, warm-up
+    included): how finely the real engine cut the work the simulator runs in full-budget steps."""
+    found: dict[str, dict[str, float]] = {}
+    for _, line in up.lines:  # the process table: service, pid, address, metrics port, detail
+        cells = line.split()
+        if len(cells) < 4 or not cells[0].startswith("worker-") or not cells[3].isdigit():
+            continue
+        with urllib.request.urlopen(f"http://127.0.0.1:{cells[3]}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+        steps: dict[str, float] = {}
+        for row in text.splitlines():
+            if row.startswith("hanzo_worker_engine_steps_total{") and f'model="{CHAT_MODEL}"' in row:
+                budget = row.split('budget="', 1)[1].split('"', 1)[0]
+                steps[budget] = float(row.rsplit(" ", 1)[1])
+        found[cells[0]] = dict(sorted(steps.items(), key=lambda kv: int(kv[0])))
+    return found
+
+
+def _dtype_line(text: str) -> str:
+    """What "auto" chose for each model the worker loaded, in load order (its log's dtype lines)."""
+    marker = "dtype auto -> "
+    return ",".join(line.split(marker, 1)[1].split()[0] for line in text.splitlines() if marker in line)
+
+
+def _warm_up(trace: Trace) -> Trace:
+    """A few requests of the trace's first sessions at once, unmeasured: each worker's first steps build
+    its kernels (the simulator's engines start warm)."""
+    firsts = [replace(s, start_s=0.0, turns=s.turns[:1]) for s in trace.sessions[:6]]
+    return Trace(1.0, tuple(firsts))
+
+
+def _row(s: Served) -> dict[str, object]:
+    return {**s.__dict__, "workload": s.workload.name.lower()}
+
+
+def run_fidelity(plan: FidelityPlan, sim_only: bool = False, out: Path = OUT) -> dict[str, object]:
+    """The simulated side, then (unless sim_only) the real mesh's and the errors; the result is also
+    written to out (and every request on both sides next to it)."""
+    started = time.perf_counter()
+    calibration = calibrate()
+    profile = cpu_profile(calibration, CHAT_MODEL, EMBED_MODEL)
+    turns = conversations(CONVERSATIONS)
+    trace = make_trace(plan, turns)
+    sim_served, sim = simulate(trace, profile, plan.seed, turns)
+    sim_metrics = class_metrics(sim_served, trace.duration_s)
+    result: dict[str, object] = {
+        "window_s": trace.duration_s,
+        "seed": plan.seed,
+        "requests": trace.requests(),
+        "trace_totals": {wc.name.lower(): t for wc, t in trace.totals().items()},
+        "offered_load": offered_load(sim),
+        "sim_decode_steps": [round(e.counter) for e in sim.engines],  # steps that advanced decodes, per GPU
+        "profile": {
+            "name": profile.name,
+            "token_budget": profile.token_budget,
+            "max_running": profile.max_running,
+            "preempt_granularity_s": profile.preempt_granularity_s,
+            "calibration": calibration["key"],
+        },
+        "sim": sim_metrics,
+    }
+    if sim_only:
+        return result
+    encoder = Path(str(calibration["models"][EMBED_MODEL]["path"]))  # type: ignore[index]
+    real_served, meta = serve_on_mesh(trace, plan.seed, single_token_words(encoder / "tokenizer.json"))
+    real = class_metrics(real_served, trace.duration_s)
+    errors = relative_errors(real, sim_metrics)
+    result.update(
+        real=real,
+        errors=errors,
+        fidelity_ttft_p99_error=headline(errors, "ttft_p99_s"),
+        fidelity_ttft_p50_error=headline(errors, "ttft_p50_s"),
+        fidelity_throughput_error=headline(errors, "throughput"),
+        weighted_errors={m: weighted(errors, real, m) for m in ("ttft_p50_s", "ttft_p99_s", "throughput")},
+        aggregation="max over classes (weighted: request-weighted mean)",
+        target=TARGET,
+        mesh=meta,
+        failed_real=sum(1 for s in real_served if s.status != "OK"),
+        measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        bench_seconds=time.perf_counter() - started,
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result))
+    # Every request on both sides, for looking into where the two part.
+    detail = {"real": [_row(r) for r in real_served], "sim": [_row(r) for r in sim_served]}
+    out.with_name(out.stem + "_requests.json").write_text(json.dumps(detail))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    plan = FidelityPlan(**{**(QUICK if args.quick else FULL).__dict__, "seed": args.seed})
+    result = run_fidelity(plan, args.sim_only, OUT_QUICK if args.quick else OUT)
+    print(json.dumps({**result, "quick": args.quick}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,197 @@
+"""The simulator configured as the local mesh, on a trace the real mesh also serves, and how far apart the
+two come out: TTFT p50 / p99 and throughput per workload class.
+
+The mesh as simulated: two "GPUs", one per worker, each a CPU profile fitted to this machine's measured
+step times (sim/cpu_profile.py), both in one zone, in racks of their own, the callers (the gateway) in
+the first worker's rack as `hanzo-mesh up` places them; every worker serves SmolLM2 (chat, agent and
+batch alike) and MiniLM; routing by the placer's own policy (`ours`). Both sides serve the same trace
+(sim/trace.py) with the same token counts and output lengths.
+
+Figures per class, for both sides alike: TTFT from a request's arrival (a session's start, or a later
+turn's send) to its first token (an embedding's whole answer); throughput as output tokens (requests, for
+embeddings) completed within the trace's window, over the window. Errors are |sim - real| / real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from services.common.workload import WorkloadClass
+from sim.fleet import Cooling, FleetLayout, NetworkCosts
+from sim.profiles import GpuProfile
+from sim.sharegpt import Conversation
+from sim.simulation import SimConfig, Simulation
+from sim.trace import Trace, TraceLimits, TraceWorkload, build_trace
+from sim.workload import Models, WorkloadConfig
+
+CHAT_MODEL, EMBED_MODEL = "smollm2", "minilm"  # services/mesh/models.py's names
+MESH_MODELS = Models(chat=CHAT_MODEL, batch=CHAT_MODEL, agent=(CHAT_MODEL,), embedding=EMBED_MODEL)
+MESH_LAYOUT = FleetLayout(
+    zones=1, hosts=2, gpus_per_host=1, hosts_per_rack=1, model_sets=(((CHAT_MODEL, EMBED_MODEL), 1.0),)
+)
+CALLER_RACK = "rack-0"  # the gateway's rack is worker-1's (services/mesh/stack.py)
+CLASSES = (
+    WorkloadClass.REALTIME_CHAT,
+    WorkloadClass.AGENT_TOOL,
+    WorkloadClass.BATCH,
+    WorkloadClass.EMBEDDING,
+)
+METRICS = ("ttft_p50_s", "ttft_p99_s", "throughput")
+_DRAIN_S = 900.0  # the simulation runs on this long past the window, so every request of the trace completes
+
+
+@dataclass(frozen=True)
+class FidelityPlan:
+    """The trace: sim/workload.py's generator with rates (sessions per second per worker) and lengths
+    scaled to two CPU workers, over window_s."""
+
+    window_s: float
+    seed: int = 0
+    chat_rate: float = 0.08
+    agent_rate: float = 0.03
+    batch_rate: float = 0.15
+    embedding_rate: float = 0.1
+    agent_tenants: int = 4
+    chat_think_s: float = 20.0
+    agent_tool_s: float = 1.5
+    batch_prompt_median: int = 300
+    batch_output_median: int = 48
+    limits: TraceLimits = field(
+        default_factory=lambda: TraceLimits(max_output=96, max_prompt=4096, max_embedding_tokens=256)
+    )
+
+    def workload(self) -> WorkloadConfig:
+        base = WorkloadConfig(duration_s=self.window_s)
+        return replace(
+            base,
+            chat_rate=self.chat_rate,
+            agent_rate=self.agent_rate,
+            batch_rate=self.batch_rate,
+            embedding_rate=self.embedding_rate,
+            agent_tenants=self.agent_tenants,
+            chat_think_s=self.chat_think_s,
+            agent_tool_s=self.agent_tool_s,
+            batch_prompt_median=self.batch_prompt_median,
+            batch_output_median=self.batch_output_median,
+        )
+
+
+@dataclass(frozen=True)
+class Served:
+    """One request as served, times in seconds from the start of the run; ttft_s None if it failed."""
+
+    workload: WorkloadClass
+    session: int
+    turn: int
+    arrival_s: float
+    ttft_s: float | None
+    done_s: float | None
+    prompt: int
+    output: int
+    status: str = "OK"
+    cached: int = 0  # prompt tokens served from the prefix cache
+
+
+def make_trace(plan: FidelityPlan, conversations: list[Conversation]) -> Trace:
+    zones = [f"zone-{z}" for z in range(MESH_LAYOUT.zones)]  # as sim/fleet.py names them
+    return build_trace(
+        plan.workload(), MESH_LAYOUT.gpus, zones, conversations, plan.seed, MESH_MODELS, plan.limits
+    )
+
+
+def simulate(
+    trace: Trace, profile: GpuProfile, seed: int, conversations: list[Conversation]
+) -> tuple[list[Served], Simulation]:
+    """The trace through the simulated mesh under the placer's policy; every request as served."""
+    workload = WorkloadConfig(duration_s=trace.duration_s + _DRAIN_S)
+    config = SimConfig(
+        layout=MESH_LAYOUT, workload=workload, cooling=Cooling.NONE, profile=profile, seed=seed,
+        caller_rack=CALLER_RACK,
+    )  # fmt: skip
+    replay = TraceWorkload(trace, MESH_MODELS)
+    sim = Simulation(config, "ours", conversations, workload=replay)
+    sim.run()
+    network_s = NetworkCosts().round_trip_s(True)
+    served = [
+        Served(
+            workload=r.workload,
+            session=r.follow_up[0].index,  # type: ignore[index]
+            turn=r.follow_up[1],  # type: ignore[index]
+            arrival_s=r.arrival_s,
+            ttft_s=r.first_token_s - r.arrival_s + network_s,
+            done_s=r.done_s + network_s,
+            prompt=r.prompt,
+            output=r.output,
+            cached=r.cached,
+        )
+        for r in replay.completed
+    ]
+    return served, sim
+
+
+def offered_load(sim: Simulation) -> float:
+    """The work served at the profile's best decode efficiency (a full set of seats at 512-token
+    contexts), plus the prompts' compute, over the fleet's seconds in the trace's window."""
+    profile = sim.config.profile
+    cost = profile.model(CHAT_MODEL)
+    rows = profile.max_running
+    step = cost.base_s + rows * cost.per_row_s + rows * 512 * cost.per_context_token_s
+    work = sum(e.prefill_compute_s + e.decoded_tokens * step / rows for e in sim.engines)
+    window = sim.workload.trace.duration_s  # type: ignore[union-attr]
+    return work / (len(sim.engines) * window)
+
+
+def class_metrics(served: Iterable[Served], window_s: float) -> dict[str, dict[str, float | int | None]]:
+    """Per class: requests, failed, TTFT p50 / p99, and throughput (output tokens, or requests for
+    embeddings, completed within the window, per second)."""
+    out: dict[str, dict[str, float | int | None]] = {}
+    rows = list(served)
+    for wc in CLASSES:
+        mine = [s for s in rows if s.workload == wc]
+        ok = [s for s in mine if s.ttft_s is not None and s.done_s is not None]
+        ttft = np.array([s.ttft_s for s in ok], dtype=float)
+        in_window = [s for s in ok if s.done_s <= window_s]  # type: ignore[operator]
+        units = len(in_window) if wc == WorkloadClass.EMBEDDING else sum(s.output for s in in_window)
+        out[wc.name.lower()] = {
+            "requests": len(mine),
+            "failed": len(mine) - len(ok),
+            "prompt_tokens": sum(s.prompt for s in mine),
+            "output_tokens": sum(s.output for s in mine),
+            "cached_prompt_tokens": sum(s.cached for s in mine),
+            "ttft_p50_s": float(np.percentile(ttft, 50)) if ttft.size else None,
+            "ttft_p99_s": float(np.percentile(ttft, 99)) if ttft.size else None,
+            "throughput": units / window_s,
+        }
+    return out
+
+
+def relative_errors(
+    real: Mapping[str, Mapping[str, float | int | None]], sim: Mapping[str, Mapping[str, float | int | None]]
+) -> dict[str, dict[str, float | None]]:
+    """|sim - real| / real per class and metric (None where either is missing or real is 0)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, measured in real.items():
+        out[name] = {}
+        for metric in METRICS:
+            r, s = measured.get(metric), sim[name].get(metric)
+            ok = isinstance(r, float | int) and isinstance(s, float | int) and r
+            out[name][metric] = abs(s - r) / r if ok else None  # type: ignore[operator]
+    return out
+
+
+def headline(errors: Mapping[str, Mapping[str, float | None]], metric: str) -> float | None:
+    """The worst class's error on metric (the target holds for each class, so the maximum decides)."""
+    values = [e[metric] for e in errors.values() if e.get(metric) is not None]
+    return max(values) if values else None  # type: ignore[type-var]
+
+
+def weighted(
+    errors: Mapping[str, Mapping[str, float | None]], real: Mapping[str, Mapping[str, object]], metric: str
+) -> float | None:
+    """The request-weighted mean of the classes' errors on metric (reported beside the maximum)."""
+    pairs = [(e[metric], int(real[c]["requests"])) for c, e in errors.items() if e.get(metric) is not None]  # type: ignore[call-overload]
+    total = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / total if total else None  # type: ignore[operator]

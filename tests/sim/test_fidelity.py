@@ -1,0 +1,97 @@
+"""A tiny trace served by a real in-process mesh (tiny decoder, real MiniLM) and by the simulated mesh:
+the same requests, the same token counts; and the trace itself is fixed by its seed."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from bench.fidelity_replay import Tokens, replay
+from services.common.redis_server import RedisServer
+from services.common.workload import WorkloadClass
+from sim.calibrate import single_token_words
+from sim.cpu_profile import NEUTRAL_THERMAL
+from sim.fidelity import (
+    CHAT_MODEL,
+    EMBED_MODEL,
+    FidelityPlan,
+    class_metrics,
+    headline,
+    make_trace,
+    relative_errors,
+    simulate,
+)
+from sim.fit import TERMS
+from sim.profiles import GpuProfile, ModelCost
+from sim.sharegpt import conversations
+from sim.trace import TraceLimits
+from tests.mesh_e2e.conftest import API_KEY, running_mesh
+
+# Every class, multi-turn chat within a few seconds, prompts within the tiny model's 1,024 positions.
+PLAN = FidelityPlan(
+    window_s=6.0, chat_rate=0.4, agent_rate=0.3, batch_rate=0.4, embedding_rate=0.5, chat_think_s=0.5,
+    agent_tool_s=0.3, limits=TraceLimits(max_output=4, max_prompt=1000, max_embedding_tokens=64),
+)  # fmt: skip
+TINY_IDS = (4, 500)  # tests/conftest.py's tiny vocabulary is 512
+
+
+def _cost(name: str, embedding: bool) -> ModelCost:
+    coefficients = dict(zip(TERMS, (0.002, 1e-4, 1e-7, 2e-5, 1e-9), strict=True))
+    return ModelCost(name, **coefficients, weight_bytes=10**6, kv_bytes_per_token=0 if embedding else 1024,
+                     load_s=0.1, reload_s=0.1, embedding=embedding)  # fmt: skip
+
+
+PROFILE = GpuProfile(
+    name="test-cpu", memory_bytes=10**9, token_budget=512, max_running=8, preempt_granularity_s=0.001,
+    models={CHAT_MODEL: _cost(CHAT_MODEL, False), EMBED_MODEL: _cost(EMBED_MODEL, True)},
+    thermal=NEUTRAL_THERMAL,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def turns() -> list:
+    return conversations(300)
+
+
+def _key(requests: list) -> Counter:
+    return Counter((r.workload, r.session, r.turn, r.prompt, r.output) for r in requests)
+
+
+def test_the_trace_is_fixed_by_its_seed_and_spans_the_classes(turns: list) -> None:
+    trace = make_trace(PLAN, turns)
+    assert trace == make_trace(PLAN, turns)
+    assert trace != make_trace(FidelityPlan(**{**PLAN.__dict__, "seed": 1}), turns)
+    classes = {s.workload for s in trace.sessions}
+    assert {WorkloadClass.REALTIME_CHAT, WorkloadClass.BATCH, WorkloadClass.EMBEDDING} <= classes
+    assert any(len(s.turns) > 1 for s in trace.sessions)  # later turns carry earlier ones
+    for s in trace.sessions:
+        assert all(s.prompt(k) <= PLAN.limits.max_prompt for k in range(len(s.turns)))
+        assert all(t.output <= PLAN.limits.max_output for t in s.turns)
+
+
+def test_the_simulated_mesh_serves_every_request_of_the_trace(turns: list) -> None:
+    trace = make_trace(PLAN, turns)
+    served, sim = simulate(trace, PROFILE, PLAN.seed, turns)
+    assert len(served) == trace.requests()
+    assert {e.index for e in sim.engines if e.decoded_tokens} == {0, 1}  # both workers take work
+
+
+async def test_the_real_mesh_and_the_simulation_agree_on_requests_and_tokens(
+    redis_server: RedisServer, llama_gqa_dir: Path, minilm_dir: Path, turns: list
+) -> None:
+    trace = make_trace(PLAN, turns)
+    simulated, _ = simulate(trace, PROFILE, PLAN.seed, turns)
+    models = {CHAT_MODEL: llama_gqa_dir, EMBED_MODEL: minilm_dir}
+    words = single_token_words(minilm_dir / "tokenizer.json")
+    async with running_mesh(redis_server.url, models, placement="embedded", max_num_seqs=8) as mesh:
+        real = await replay(trace, mesh.gateway.address, API_KEY, Tokens(PLAN.seed, words, TINY_IDS))
+    assert [r.status for r in real if r.status != "OK"] == []
+    assert _key(real) == _key(simulated)
+    real_metrics, sim_metrics = class_metrics(real, 1e9), class_metrics(simulated, 1e9)
+    for name, measured in real_metrics.items():
+        for field in ("requests", "prompt_tokens", "output_tokens"):
+            assert measured[field] == sim_metrics[name][field], (name, field)
+    errors = relative_errors(real_metrics, sim_metrics)
+    assert headline(errors, "throughput") == 0.0  # every token counted on both sides (no window cut)
