@@ -56,16 +56,25 @@ async def test_a_resync_writes_the_snapshot_only_where_redis_holds_something_new
         await view.resync()
         assert view.snapshot.write_position == position, "an unchanged registry rewrote the snapshot"
 
+        position = view.snapshot.write_position
+        await store.write_thermal("n3", view.thermal_entry("n3", gpu_sample(80.0)), 60)  # nobody listens
+        await view.resync()
+        assert view.snapshot.written_since(position) == [view.snapshot.row_of["n3"]]
+        assert view.snapshot.temperature_c[view.snapshot.row_of["n3"]] == 80.0
+
+        await view.start()  # the pub/sub listener, besides another resync
+        await view.wait_subscribed()
         newer = view.thermal_entry("n2", gpu_sample(75.0))
-        view.apply_thermal("n2", newer)  # as pub/sub delivers it before the resync reads it
-        await store.write_thermal("n2", newer, 60)
+        await store.write_thermal("n2", newer, 60)  # published too: the view takes it from the event
+
+        async def delivered() -> bool:
+            return view.thermal.get("n2") == newer
+
+        await eventually(delivered, 10, "the view applies the published sample")
         position = view.snapshot.write_position
         await view.resync()
         assert view.snapshot.write_position == position, "what pub/sub delivered was written again"
 
-        await store.write_thermal("n3", view.thermal_entry("n3", gpu_sample(80.0)), 60)  # event missed
-        await view.resync()
-        assert view.snapshot.written_since(position) == [view.snapshot.row_of["n3"]]
-        assert view.snapshot.temperature_c[view.snapshot.row_of["n3"]] == 80.0
     finally:
+        await view.stop()
         await store.close()
