@@ -41,6 +41,7 @@ from sim.fidelity import (
     class_metrics,
     headline,
     make_trace,
+    mesh_workload,
     offered_load,
     relative_errors,
     simulate,
@@ -49,8 +50,8 @@ from sim.fidelity import (
 from sim.sharegpt import conversations
 from sim.trace import Trace
 
-FULL = FidelityPlan(window_s=180.0)
-QUICK = FidelityPlan(window_s=40.0)
+FULL = FidelityPlan(mesh_workload(180.0))
+QUICK = FidelityPlan(mesh_workload(40.0))
 CONVERSATIONS = 3000  # as sim/compare.py samples
 OUT = Path(__file__).resolve().parents[1] / ".cache" / "bench" / "sim_fidelity.json"
 OUT_QUICK = OUT.with_name("sim_fidelity_quick.json")
@@ -199,7 +200,7 @@ def run_fidelity(plan: FidelityPlan, sim_only: bool = False, out: Path = OUT) ->
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    plan = FidelityPlan(**{**(QUICK if args.quick else FULL).__dict__, "seed": args.seed})
+    plan = replace(QUICK if args.quick else FULL, seed=args.seed)
     result = run_fidelity(plan, args.sim_only, OUT_QUICK if args.quick else OUT)
     print(json.dumps({**result, "quick": args.quick}))
     return 0

@@ -43,40 +43,27 @@ METRICS = ("ttft_p50_s", "ttft_p99_s", "throughput")
 _DRAIN_S = 900.0  # the simulation runs on this long past the window, so every request of the trace completes
 
 
+# sim/workload.py's generator scaled to two CPU workers: rates are sessions per second per worker.
+_MESH_SCALE = {
+    "chat_rate": 0.08, "agent_rate": 0.03, "batch_rate": 0.15, "embedding_rate": 0.1,
+    "agent_tenants": 4, "batch_prompt_median": 300, "batch_output_median": 48,
+}  # fmt: skip
+
+
+def mesh_workload(window_s: float, **overrides: float) -> WorkloadConfig:
+    """The fleet workload's generator at the local mesh's scale over window_s (overrides on top)."""
+    return replace(WorkloadConfig(duration_s=window_s), **{**_MESH_SCALE, **overrides})
+
+
 @dataclass(frozen=True)
 class FidelityPlan:
-    """The trace: sim/workload.py's generator with rates (sessions per second per worker) and lengths
-    scaled to two CPU workers, over window_s."""
+    """The trace: what generates it, its seed, and the limits that fit it to a small model."""
 
-    window_s: float
+    workload: WorkloadConfig
     seed: int = 0
-    chat_rate: float = 0.08
-    agent_rate: float = 0.03
-    batch_rate: float = 0.15
-    embedding_rate: float = 0.1
-    agent_tenants: int = 4
-    chat_think_s: float = 20.0
-    agent_tool_s: float = 1.5
-    batch_prompt_median: int = 300
-    batch_output_median: int = 48
     limits: TraceLimits = field(
         default_factory=lambda: TraceLimits(max_output=96, max_prompt=4096, max_embedding_tokens=256)
     )
-
-    def workload(self) -> WorkloadConfig:
-        base = WorkloadConfig(duration_s=self.window_s)
-        return replace(
-            base,
-            chat_rate=self.chat_rate,
-            agent_rate=self.agent_rate,
-            batch_rate=self.batch_rate,
-            embedding_rate=self.embedding_rate,
-            agent_tenants=self.agent_tenants,
-            chat_think_s=self.chat_think_s,
-            agent_tool_s=self.agent_tool_s,
-            batch_prompt_median=self.batch_prompt_median,
-            batch_output_median=self.batch_output_median,
-        )
 
 
 @dataclass(frozen=True)
@@ -98,7 +85,7 @@ class Served:
 def make_trace(plan: FidelityPlan, conversations: list[Conversation]) -> Trace:
     zones = [f"zone-{z}" for z in range(MESH_LAYOUT.zones)]  # as sim/fleet.py names them
     return build_trace(
-        plan.workload(), MESH_LAYOUT.gpus, zones, conversations, plan.seed, MESH_MODELS, plan.limits
+        plan.workload, MESH_LAYOUT.gpus, zones, conversations, plan.seed, MESH_MODELS, plan.limits
     )
 
 

@@ -4,6 +4,7 @@ the same requests, the same token counts; and the trace itself is fixed by its s
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from sim.fidelity import (
     class_metrics,
     headline,
     make_trace,
+    mesh_workload,
     relative_errors,
     simulate,
 )
@@ -31,8 +33,9 @@ from tests.mesh_e2e.conftest import API_KEY, running_mesh
 
 # Every class, multi-turn chat within a few seconds, prompts within the tiny model's 1,024 positions.
 PLAN = FidelityPlan(
-    window_s=6.0, chat_rate=0.4, agent_rate=0.3, batch_rate=0.4, embedding_rate=0.5, chat_think_s=0.5,
-    agent_tool_s=0.3, limits=TraceLimits(max_output=4, max_prompt=1000, max_embedding_tokens=64),
+    mesh_workload(6.0, chat_rate=0.4, agent_rate=0.3, batch_rate=0.4, embedding_rate=0.5, chat_think_s=0.5,
+                  agent_tool_s=0.3),
+    limits=TraceLimits(max_output=4, max_prompt=1000, max_embedding_tokens=64),
 )  # fmt: skip
 TINY_IDS = (4, 500)  # tests/conftest.py's tiny vocabulary is 512
 
@@ -62,7 +65,7 @@ def _key(requests: list) -> Counter:
 def test_the_trace_is_fixed_by_its_seed_and_spans_the_classes(turns: list) -> None:
     trace = make_trace(PLAN, turns)
     assert trace == make_trace(PLAN, turns)
-    assert trace != make_trace(FidelityPlan(**{**PLAN.__dict__, "seed": 1}), turns)
+    assert trace != make_trace(replace(PLAN, seed=1), turns)
     classes = {s.workload for s in trace.sessions}
     assert {WorkloadClass.REALTIME_CHAT, WorkloadClass.BATCH, WorkloadClass.EMBEDDING} <= classes
     assert any(len(s.turns) > 1 for s in trace.sessions)  # later turns carry earlier ones
