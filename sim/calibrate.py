@@ -280,6 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         "--threads", type=int, default=None, help="torch threads (default: as many as each mesh worker gets)"
     )
     args = parser.parse_args(argv)
+    if args.threads is not None and args.threads < 1:
+        parser.error(f"--threads must be at least 1, got {args.threads}")
     result = calibrate(args.threads, args.force)
     models = {
         name: {k: v for k, v in m.items() if k != "steps"}  # type: ignore[union-attr]

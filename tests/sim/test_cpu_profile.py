@@ -76,3 +76,15 @@ def test_the_profile_is_the_worker_as_the_mesh_configures_it(decoder_steps: list
     assert profile.models["minilm"].embedding and not profile.models["smollm2"].embedding
     assert profile.thermal is not None and profile.thermal.min_clock_factor == 1.0  # never throttles
     assert profile.preempt_granularity_s > 0
+
+
+@pytest.mark.parametrize("threads", ["0", "-2"])
+def test_calibrate_refuses_fewer_than_one_thread_naming_the_flag(
+    threads: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from sim.calibrate import main
+
+    with pytest.raises(SystemExit) as refused:
+        main(["--threads", threads])
+    assert refused.value.code == 2
+    assert f"--threads must be at least 1, got {threads}" in capsys.readouterr().err
