@@ -11,7 +11,7 @@ node has to pass every registered filter to be scored at all.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
@@ -87,13 +87,19 @@ def not_thermally_critical(
     return ~(snapshot.has_thermal[rows] & critical)
 
 
+def verdict(snapshot: ClusterSnapshot, query: PickQuery, filters: Iterable[Filter], rows: Rows) -> np.ndarray:
+    """bool[len(rows)]: the node is live and passes every filter."""
+    ok = snapshot.live[rows]
+    if isinstance(rows, slice):
+        ok = ok.copy()  # a view of the column otherwise; index arrays gather a copy already
+    for keep in filters:
+        ok &= keep(snapshot, query, rows)
+    return ok
+
+
 def passing(snapshot: ClusterSnapshot, query: PickQuery, filters: Mapping[str, Filter]) -> np.ndarray:
     """Rows of live nodes that pass every filter, in row order (for policies that need no scores)."""
-    rows = all_rows(snapshot)
-    ok = snapshot.live[rows].copy()
-    for keep in filters.values():
-        ok &= keep(snapshot, query, rows)
-    return np.flatnonzero(ok)
+    return np.flatnonzero(verdict(snapshot, query, filters.values(), all_rows(snapshot)))
 
 
 def build_filters(config: FilterConfig | None = None) -> dict[str, Filter]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from services.placer.cluster.snapshot import ClusterSnapshot
-from services.placer.pick.filters import Filter, Rows, all_rows
+from services.placer.pick.filters import Filter, Rows, all_rows, verdict
 from services.placer.pick.query import PickQuery
 from services.placer.pick.scorers import RowScorer, clamp_scores
 
@@ -101,11 +101,7 @@ class RowTable:
 
     def _rescore(self, snapshot: ClusterSnapshot, query: PickQuery, rows: Rows) -> None:
         """Rows (a slice, or unique row indices) rescored for query's model and class at query.now_s."""
-        ok = snapshot.live[rows]
-        if isinstance(rows, slice):
-            ok = ok.copy()  # a view of the column otherwise; index arrays gather a copy already
-        for keep in self._filters:
-            ok &= keep(snapshot, query, rows)
+        ok = verdict(snapshot, query, self._filters, rows)
         values = np.empty((len(self._scorers), ok.size))
         for i, scorer in enumerate(self._scorers):
             values[i] = scorer(snapshot, query, rows)
