@@ -142,7 +142,7 @@ def _fidelity(mode: str, seed: int) -> dict[str, object]:
         return {"source": "none: run bench/sim_fidelity.py"}
     keep = (
         "fidelity_ttft_p99_error", "fidelity_ttft_p50_error", "fidelity_throughput_error", "weighted_errors",
-        "errors", "aggregation", "target", "window_s", "requests", "measured_at",
+        "errors", "offline_fidelity", "aggregation", "target", "window_s", "requests", "measured_at",
     )  # fmt: skip
     return {"source": source, **{k: result.get(k) for k in keep}}
 

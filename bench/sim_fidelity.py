@@ -3,7 +3,7 @@ workers on SmolLM2 and MiniLM) and by the simulator configured as that mesh (sim
 TTFT p50 / p99 and throughput per class from both and their relative errors; one JSON line on stdout,
 progress on stderr, the result also written to .cache/bench/sim_fidelity.json.
 
-    .venv/bin/python bench/sim_fidelity.py [--quick] [--seed 0] [--sim-only]
+    .venv/bin/python bench/sim_fidelity.py [--quick] [--seed 0] [--sim-only | --resimulate]
 
 The CPU profile comes from sim/calibrate.py (measured once per machine and cached). The mesh's telemetry
 agents run their simulated GPU with no heating (HANZO_TELEMETRY_SIM_HEATING_C_AT_FULL_LOAD=0): their
@@ -29,7 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.chaos_mesh import UpProcess
 from bench.fidelity_replay import Tokens, replay
+from bench.fidelity_steps import cut_logs, log_sizes, out_of_sample
 from bench.progress import log
+from services.common.workload import WorkloadClass
 from services.mesh.driver import wait_for_models
 from sim.calibrate import calibrate, single_token_words
 from sim.cpu_profile import cpu_profile
@@ -47,6 +49,8 @@ from sim.fidelity import (
     simulate,
     weighted,
 )
+from sim.fleet import NetworkCosts
+from sim.serving_fit import logs_by_model, request_overhead_s, serving_calibration
 from sim.sharegpt import conversations
 from sim.trace import Trace
 
@@ -56,6 +60,7 @@ CONVERSATIONS = 3000  # as sim/compare.py samples
 OUT = Path(__file__).resolve().parents[1] / ".cache" / "bench" / "sim_fidelity.json"
 OUT_QUICK = OUT.with_name("sim_fidelity_quick.json")
 TARGET = 0.15
+CALIBRATION_SEED_OFFSET = 1000  # the calibration trace's seed: never the trace the errors are measured on
 MESH_ENV = {"HANZO_TELEMETRY_SIM_HEATING_C_AT_FULL_LOAD": "0"}
 
 
@@ -64,13 +69,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a 40 s trace instead of 180 s")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sim-only", action="store_true", help="only the simulated side (sizing the trace)")
+    parser.add_argument(
+        "--resimulate", action="store_true",
+        help="the simulated side again against the last run's real side and serving calibration (no mesh)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
-def serve_on_mesh(trace: Trace, seed: int, words: list[str]) -> tuple[list[Served], dict[str, object]]:
-    """Start `hanzo-mesh up`, warm it, replay the trace, stop it; the requests as served."""
+def serve_on_mesh(
+    trace: Trace, seed: int, words: list[str], steps: Path, calibration: Trace | None = None
+) -> tuple[list[Served], dict[str, object], list[Served]]:
+    """Start `hanzo-mesh up` with step logs under steps, warm it, replay the calibration trace (if any;
+    its steps copied to steps/calibration), then the trace (steps/evaluation), stop it; the trace's
+    requests as served, what the run measured, and the calibration trace's requests as served."""
+    calibration_served: list[Served] = []
     with tempfile.TemporaryDirectory(prefix="sim-fidelity-") as root:
-        up = UpProcess(Path(root), workers=2, env=MESH_ENV)
+        step_logs = steps / "workers"
+        env = {**MESH_ENV, "HANZO_WORKER_STEP_LOG_DIR": str(step_logs)}
+        up = UpProcess(Path(root), workers=2, env=env)
         started = time.monotonic()
         up.start()
         try:
@@ -79,6 +95,14 @@ def serve_on_mesh(trace: Trace, seed: int, words: list[str]) -> tuple[list[Serve
             seen = asyncio.run(wait_for_models(up.gateway, up.api_key, want, timeout_s=60))
             log(f"mesh up in {ready_s:.0f} s, models {seen}; warming up")
             asyncio.run(replay(_warm_up(trace), up.gateway, up.api_key, Tokens(seed + 1, words)))
+            if calibration is not None:
+                log(f"calibration: {calibration.requests()} requests over {calibration.duration_s:.0f} s")
+                before = log_sizes(step_logs)
+                calibration_served = asyncio.run(
+                    replay(calibration, up.gateway, up.api_key, Tokens(seed + 2, words))
+                )
+                cut_logs(step_logs, before, steps / "calibration")
+            before = log_sizes(step_logs)
             log(f"replaying {trace.requests()} requests over {trace.duration_s:.0f} s")
             pids = {**up.services(), "client": os.getpid()}
             cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
@@ -88,6 +112,7 @@ def serve_on_mesh(trace: Trace, seed: int, words: list[str]) -> tuple[list[Serve
             # Where the two cores went while the trace ran: the workers' share is what the calibration
             # measured alone; the rest is what the simulator does not model.
             cpu = {name: round(_cpu_s(pid) - cpu_before[name], 2) for name, pid in pids.items()}
+            cut_logs(step_logs, before, steps / "evaluation")
             meta = {"mesh_ready_s": ready_s, "replay_wall_s": wall, "models": seen, "cpu_s": cpu}
             meta["engine_steps"] = _engine_steps(up)
             # The dtype each worker's "auto" measured at its start (the calibration measured its own).
@@ -96,7 +121,7 @@ def serve_on_mesh(trace: Trace, seed: int, words: list[str]) -> tuple[list[Serve
         finally:
             meta_code = up.stop()
         meta["mesh_exit_code"] = meta_code
-    return served, meta
+    return served, meta, calibration_served
 
 
 def _cpu_s(pid: int) -> float:
@@ -144,16 +169,20 @@ def _row(s: Served) -> dict[str, object]:
     return {**s.__dict__, "workload": s.workload.name.lower()}
 
 
-def run_fidelity(plan: FidelityPlan, sim_only: bool = False, out: Path = OUT) -> dict[str, object]:
-    """The simulated side, then (unless sim_only) the real mesh's and the errors; the result is also
-    written to out (and every request on both sides next to it)."""
+def run_fidelity(
+    plan: FidelityPlan, sim_only: bool = False, out: Path = OUT, calibration_window_s: float | None = None
+) -> dict[str, object]:
+    """The simulated side on the offline calibration, then (unless sim_only) the real mesh: a calibration
+    trace of its own seed (calibration_window_s long, default the plan's window; 0: none) whose logged
+    steps refit the profile, then the plan's trace; the simulated side again on the serving fit, and
+    both fits' errors. The result is also written to out (and every request on both sides next to it)."""
     started = time.perf_counter()
-    calibration = calibrate()
-    profile = cpu_profile(calibration, CHAT_MODEL, EMBED_MODEL)
+    offline = calibrate()
+    profile = cpu_profile(offline, CHAT_MODEL, EMBED_MODEL)
     turns = conversations(CONVERSATIONS)
     trace = make_trace(plan, turns)
     sim_served, sim = simulate(trace, profile, plan.seed, turns)
-    sim_metrics = class_metrics(sim_served, trace.duration_s)
+    sim_offline = class_metrics(sim_served, trace.duration_s)
     result: dict[str, object] = {
         "window_s": trace.duration_s,
         "seed": plan.seed,
@@ -166,22 +195,69 @@ def run_fidelity(plan: FidelityPlan, sim_only: bool = False, out: Path = OUT) ->
             "token_budget": profile.token_budget,
             "max_running": profile.max_running,
             "preempt_granularity_s": profile.preempt_granularity_s,
-            "calibration": calibration["key"],
+            "calibration": offline["key"],
         },
-        "sim": sim_metrics,
+        "sim": sim_offline,
     }
     if sim_only:
         return result
-    encoder = Path(str(calibration["models"][EMBED_MODEL]["path"]))  # type: ignore[index]
-    real_served, meta = serve_on_mesh(trace, plan.seed, single_token_words(encoder / "tokenizer.json"))
+    window = plan.workload.duration_s if calibration_window_s is None else calibration_window_s
+    calibration_plan = replace(
+        plan, seed=plan.seed + CALIBRATION_SEED_OFFSET, workload=replace(plan.workload, duration_s=window)
+    )
+    calibration_trace = make_trace(calibration_plan, turns) if window > 0 else None
+    encoder = Path(str(offline["models"][EMBED_MODEL]["path"]))  # type: ignore[index]
+    words = single_token_words(encoder / "tokenizer.json")
+    with tempfile.TemporaryDirectory(prefix="sim-fidelity-steps-") as steps:
+        real_served, meta, calibration_served = serve_on_mesh(
+            trace, plan.seed, words, Path(steps), calibration_trace
+        )
+        serving = (
+            serving_calibration(offline, logs_by_model(Path(steps) / "calibration"))
+            if calibration_trace is not None
+            else offline
+        )
+        evaluation = Path(steps) / "evaluation"
+        step_fit = {
+            "offline": out_of_sample(offline, evaluation),
+            "serving": out_of_sample(serving, evaluation),
+        }
     real = class_metrics(real_served, trace.duration_s)
-    errors = relative_errors(real, sim_metrics)
+    errors_offline = relative_errors(real, sim_offline)
+    serving_profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
+    embeddings = [
+        (s.prompt, s.ttft_s)
+        for s in calibration_served
+        if s.workload == WorkloadClass.EMBEDDING and s.ttft_s is not None
+    ]
+    overhead_s = request_overhead_s(embeddings, serving_profile.model(EMBED_MODEL))
+    if serving is not offline:
+        network = NetworkCosts(request_overhead_s=overhead_s)
+        sim_served, _ = simulate(trace, serving_profile, plan.seed, turns, network)
+    sim_serving = class_metrics(sim_served, trace.duration_s)
+    errors = relative_errors(real, sim_serving)
     result.update(
+        sim=sim_serving,
+        sim_offline=sim_offline,
         real=real,
+        calibration={
+            "source": "serving" if serving is not offline else "offline",
+            "trace_seed": calibration_plan.seed,
+            "trace_window_s": window,
+            "request_overhead_s": overhead_s,
+            "coefficients": {m: serving["models"][m]["coefficients"] for m in (CHAT_MODEL, EMBED_MODEL)},  # type: ignore[index]
+            "offline_coefficients": {
+                m: offline["models"][m]["coefficients"]
+                for m in (CHAT_MODEL, EMBED_MODEL)  # type: ignore[index]
+            },
+            "evaluation_steps": step_fit,
+        },
         errors=errors,
+        errors_offline=errors_offline,
         fidelity_ttft_p99_error=headline(errors, "ttft_p99_s"),
         fidelity_ttft_p50_error=headline(errors, "ttft_p50_s"),
         fidelity_throughput_error=headline(errors, "throughput"),
+        offline_fidelity={m: headline(errors_offline, m) for m in ("ttft_p50_s", "ttft_p99_s", "throughput")},
         weighted_errors={m: weighted(errors, real, m) for m in ("ttft_p50_s", "ttft_p99_s", "throughput")},
         aggregation="max over classes (weighted: request-weighted mean)",
         target=TARGET,
@@ -193,13 +269,53 @@ def run_fidelity(plan: FidelityPlan, sim_only: bool = False, out: Path = OUT) ->
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result))
     # Every request on both sides, for looking into where the two part.
-    detail = {"real": [_row(r) for r in real_served], "sim": [_row(r) for r in sim_served]}
+    detail = {
+        "real": [_row(r) for r in real_served],
+        "sim": [_row(r) for r in sim_served],
+        "calibration_real": [_row(r) for r in calibration_served],
+    }
     out.with_name(out.stem + "_requests.json").write_text(json.dumps(detail))
+    return result
+
+
+def resimulate(last: Path) -> dict[str, object]:
+    """The simulator's side of the run saved in last, again, on that run's serving calibration (its
+    coefficients and request overhead, from its calibration trace) against its real side: for changes to
+    the simulator between mesh runs. Written next to last, which stays as it was."""
+    run = json.loads(last.read_text())
+    offline = calibrate()
+    fitted = run["calibration"]
+    serving = json.loads(json.dumps(offline))
+    for model, coefficients in fitted["coefficients"].items():
+        serving["models"][model]["coefficients"] = coefficients
+    plan = replace(FULL if run["window_s"] == FULL.workload.duration_s else QUICK, seed=run["seed"])
+    turns = conversations(CONVERSATIONS)
+    trace = make_trace(plan, turns)
+    network = NetworkCosts(request_overhead_s=fitted["request_overhead_s"])
+    profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
+    sim_served, _ = simulate(trace, profile, plan.seed, turns, network)
+    sim_metrics = class_metrics(sim_served, trace.duration_s)
+    errors = relative_errors(run["real"], sim_metrics)
+    result = {
+        "resimulated_from": str(last),
+        "measured_at": run["measured_at"],
+        "sim": sim_metrics,
+        "errors": errors,
+        "fidelity_ttft_p99_error": headline(errors, "ttft_p99_s"),
+        "fidelity_ttft_p50_error": headline(errors, "ttft_p50_s"),
+        "fidelity_throughput_error": headline(errors, "throughput"),
+    }
+    last.with_name(last.stem + "_resimulated.json").write_text(json.dumps(result))
+    rows = [_row(r) for r in sim_served]
+    last.with_name(last.stem + "_resimulated_requests.json").write_text(json.dumps(rows))
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.resimulate:
+        print(json.dumps(resimulate(OUT_QUICK if args.quick else OUT)))
+        return 0
     plan = replace(QUICK if args.quick else FULL, seed=args.seed)
     result = run_fidelity(plan, args.sim_only, OUT_QUICK if args.quick else OUT)
     print(json.dumps({**result, "quick": args.quick}))

@@ -74,6 +74,13 @@ def cpu_profile(calibration: Mapping[str, object], decoder: str, encoder: str | 
         preempt_granularity_s=full_step / (2 * int(worker["num_layers"])),
         models=models,
         thermal=NEUTRAL_THERMAL,
+        # The worker's encoder is a thread of its own, which the OS runs beside the decoder's at once
+        # (sharing the cores), not after a layer boundary: measured in the mesh, an embedding's time is
+        # its encode plus the network, whatever the decoder is doing.
+        encoder_wait_s=0.0,
+        # The engine's steps vary in size (its adaptive budget, decodes between prompts), so the wait for
+        # a preemption point is half a layer of the step running, not of a full-budget one.
+        layers=int(worker["num_layers"]),
     )
 
 

@@ -9,7 +9,8 @@ is resolved to the step. Waiting prompts are ordered as the adaptive policy orde
 other latency classes, batch last, each first come first served) and admitted while seats and KV room
 (prompt + output, reserved up front, so nothing is ever preempted) remain. A latency-class prompt that
 arrives during a decode step starts after at most the profile's preemption granularity (layer-level
-preemption); any other waits for the step to end.
+preemption; half a layer of the running step where the profile knows the layers); any other waits for
+the step to end.
 
 What this costs in fidelity: a decode stretch keeps the step time of its start (context grows by a few
 hundred tokens at most before the next event); several resident models share one timeline (their steps
@@ -71,6 +72,7 @@ class GpuEngine:
         self.step: list[tuple[Request, int]] = []
         self.joining: list[Request] = []  # first token out in a nested step; decoding from the step's end
         self.step_end = 0.0
+        self.step_s = 0.0  # the running prompt step's duration
         self.decode_step_s = 0.0
         self.next_event = math.inf
         self.version = 0
@@ -98,20 +100,20 @@ class GpuEngine:
             # latency-class prompt in sooner.
             residual = (math.ceil(self.counter - _EPS) - self.counter) * self.decode_step_s
             if request.priority < 2:
-                residual = min(residual, self.profile.preempt_granularity_s)
+                residual = min(residual, self._preempt_wait(self.decode_step_s))
             self._at(now + max(residual, 0.0))
         elif request.priority < 2:
             self._nest(request, now)
 
     def _embed(self, request: Request, now: float) -> None:
         """An encoder request: the encoder is an engine of its own on this GPU (no KV, no queue behind the
-        decoder's prompts), so it runs at once, after the preemption granularity if the GPU is busy, and
+        decoder's prompts), so it runs at once, after the profile's encoder wait if the GPU is busy, and
         whatever the decoder was doing finishes that much later."""
         cost = self.costs[request.model]
         prompt_s = request.prompt * cost.per_prefill_token_s
         seconds = (cost.base_s + prompt_s) / self.clock
         self.prefill_compute_s += prompt_s
-        wait = 0.0 if self.mode == IDLE else self.profile.preempt_granularity_s
+        wait = 0.0 if self.mode == IDLE else self.profile.encoder_wait
         request.first_token_s = now + wait + seconds
         if self.mode == STEP:
             self.step_end += seconds
@@ -144,7 +146,7 @@ class GpuEngine:
         prompt_s = tokens * (cost.per_prefill_token_s + cost.per_prefill_attention_s * request.prompt)
         self.prefill_compute_s += prompt_s
         seconds = (cost.base_s + prompt_s) / self.clock
-        request.first_token_s = now + self.profile.preempt_granularity_s + seconds
+        request.first_token_s = now + self._preempt_wait(self.step_s) + seconds
         request.to_prefill = 0
         self.step_end += seconds
         self._at(self.step_end, force=True)
@@ -207,6 +209,13 @@ class GpuEngine:
         self.next_event = when
         self._schedule(when, self, self.version)
 
+    def _preempt_wait(self, step_s: float) -> float:
+        """How long a latency-class prompt waits for the running step (step_s long) to reach a
+        preemption point: half a layer of it where the profile knows the layers, else the profile's
+        constant."""
+        layers = self.profile.layers
+        return self.profile.preempt_granularity_s if layers is None else step_s / (2 * layers)
+
     def _plan(self, now: float) -> None:
         if (self.prefilling or self.num_waiting) and self._start_step(now):
             return
@@ -264,7 +273,8 @@ class GpuEngine:
         seconds += sum(self.costs[m].base_s for m in active)
         self.step = chunk
         self.mode = STEP
-        self.step_end = now + seconds / self.clock
+        self.step_s = seconds / self.clock
+        self.step_end = now + self.step_s
         self._at(self.step_end, force=True)
         return True
 

@@ -90,18 +90,24 @@ def make_trace(plan: FidelityPlan, conversations: list[Conversation]) -> Trace:
 
 
 def simulate(
-    trace: Trace, profile: GpuProfile, seed: int, conversations: list[Conversation]
+    trace: Trace,
+    profile: GpuProfile,
+    seed: int,
+    conversations: list[Conversation],
+    network: NetworkCosts | None = None,
 ) -> tuple[list[Served], Simulation]:
-    """The trace through the simulated mesh under the placer's policy; every request as served."""
+    """The trace through the simulated mesh under the placer's policy; every request as served.
+    network: the callers' costs (default: the fleet's wire, no serving-stack overhead)."""
+    network = network or NetworkCosts()
     workload = WorkloadConfig(duration_s=trace.duration_s + _DRAIN_S)
     config = SimConfig(
         layout=MESH_LAYOUT, workload=workload, cooling=Cooling.NONE, profile=profile, seed=seed,
-        caller_rack=CALLER_RACK,
+        caller_rack=CALLER_RACK, network=network,
     )  # fmt: skip
     replay = TraceWorkload(trace, MESH_MODELS)
     sim = Simulation(config, "ours", conversations, workload=replay)
     sim.run()
-    network_s = NetworkCosts().round_trip_s(True)
+    network_s = network.round_trip_s(True)
     served = [
         Served(
             workload=r.workload,

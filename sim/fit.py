@@ -1,12 +1,12 @@
 """Least-squares fit of a model's step-time coefficients (sim/profiles.py's ModelCost) to measured steps.
 
-A step's features are what the simulator's engine charges for (sim/engine_model.py): 1 (the step's fixed
-cost), decode rows, the context tokens those rows attend to, prompt tokens computed, and prompt tokens x
-the context at the end of their chunk (the quadratic attention part). The fit minimises the *relative*
-error (each row weighted by 1 / its measured time): steps range from 30 ms decodes to 5 s prefills, and an
-absolute fit would spend all its freedom on the prefills. A coefficient the data drive negative (a term
-the machine does not show, buried in noise) is fixed at 0 and the rest refitted, since a negative cost
-would let a large enough step take negative time.
+A step's features are what the simulator's engine charges for (sim/engine_model.py): its batches (each
+one's fixed cost), decode rows, the context tokens those rows attend to, prompt tokens computed, and
+prompt tokens x the context at the end of their chunk (the quadratic attention part). The fit minimises
+the *relative* error (each row weighted by 1 / its measured time): steps range from 30 ms decodes to 5 s
+prefills, and an absolute fit would spend all its freedom on the prefills. A coefficient the data drive
+negative (a term the machine does not show, buried in noise) is fixed at 0 and the rest refitted, since a
+negative cost would let a large enough step take negative time.
 """
 
 from __future__ import annotations
@@ -22,16 +22,22 @@ TERMS = ("base_s", "per_row_s", "per_context_token_s", "per_prefill_token_s", "p
 @dataclass(frozen=True)
 class StepSample:
     """One measured step: decode rows and the context tokens they attend to, prompt tokens computed and
-    sum over prompt chunks of tokens x context at the chunk's end; seconds as measured."""
+    sum over prompt chunks of tokens x context at the chunk's end; seconds as measured. batches: the
+    model passes it took (a serving worker's iteration may run an urgent prompt's batch beside the
+    ordinary one, each paying the fixed cost)."""
 
     rows: int
     context: int
     prefill: int
     attention: int
     seconds: float
+    batches: int = 1
 
     def features(self) -> tuple[float, float, float, float, float]:
-        return (1.0, float(self.rows), float(self.context), float(self.prefill), float(self.attention))
+        return (
+            float(self.batches), float(self.rows), float(self.context), float(self.prefill),
+            float(self.attention),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

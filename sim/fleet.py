@@ -100,6 +100,11 @@ class NetworkCosts:
     hop_s: float = 0.0001
     hops_in_zone: int = 4
     cross_zone_s: float = 0.0015
+    # What the serving stack adds to every request besides the wire: the gateway, its call to the placer,
+    # the worker's RPC and tokenizing. 0 for the GPU fleet (not modelled there); the fidelity run
+    # measures the local mesh's on its calibration trace (sim/serving_fit.py).
+    request_overhead_s: float = 0.0
 
     def round_trip_s(self, same_zone: bool) -> float:
-        return self.hop_s * self.hops_in_zone + (0.0 if same_zone else self.cross_zone_s)
+        wire = self.hop_s * self.hops_in_zone + (0.0 if same_zone else self.cross_zone_s)
+        return wire + self.request_overhead_s

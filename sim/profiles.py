@@ -64,6 +64,17 @@ class GpuProfile:
     preempt_granularity_s: float  # how long a latency-class prompt waits for a running step to yield
     models: dict[str, ModelCost] = field(default_factory=dict)
     thermal: ThermalProfile | None = None
+    # The decoder's layers, where known: then a latency-class prompt waits half a layer of the step that
+    # is running (its time / layers / 2: the engine's preemption points sit between layers) instead of
+    # preempt_granularity_s, which is half a layer of a full-budget prompt step.
+    layers: int | None = None
+    # How long an encoder request waits for a busy decoder to let it run; None: preempt_granularity_s
+    # (on a GPU the encoder's kernels queue behind the decoder's up to a layer boundary).
+    encoder_wait_s: float | None = None
+
+    @property
+    def encoder_wait(self) -> float:
+        return self.preempt_granularity_s if self.encoder_wait_s is None else self.encoder_wait_s
 
     def model(self, name: str) -> ModelCost:
         return self.models[name]

@@ -38,6 +38,7 @@ from services.worker.engine.outputs import RequestOutput, merge
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
 from services.worker.engine.snapshot import EngineSnapshot, snapshot_of
 from services.worker.engine.step_interrupts import StepInterrupts
+from services.worker.engine.step_log import StepLog, StepShape
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +96,10 @@ class HeldEngine:
 class AsyncLLM:
     """Streaming generation over one LLMEngine. Use as `async with AsyncLLM(engine) as llm:`."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, step_log: StepLog | None = None) -> None:
+        """step_log: where the engine thread records each iteration's shape and wall time (step_log.py)."""
         self.engine = engine
+        self._step_log = step_log
         self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -110,6 +113,7 @@ class AsyncLLM:
         self._applied = 0
         # At most one command taken off the queue mid-step and kept for after the step (None: shutdown).
         self._deferred: list[_Command | None] = []
+        self._holds = 0  # holds the engine thread has parked for (its step log skips the time)
         self._interrupts = StepInterrupts(poll=self._poll_adds, deliver=self._deliver_nested)
         # Replaced (one reference assignment) by the engine thread after its commands, each step and
         # before each delivery.
@@ -143,6 +147,8 @@ class AsyncLLM:
         self._commands.put(None)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
+        if self._step_log is not None:
+            self._step_log.close()
 
     async def generate(
         self,
@@ -246,18 +252,32 @@ class AsyncLLM:
 
     def _step_loop(self) -> None:
         engine = self.engine
+        step_log = self._step_log
+        logged: tuple[StepShape, float] | None = None  # the iteration being timed and its start
         try:
             while True:
                 # Block only when there is nothing to step; otherwise drain whatever arrived meanwhile.
                 block = not engine.has_unfinished_requests()
-                applied = self._applied
+                if logged is not None and block:  # idle from here: the wait is not the step's
+                    _log_iteration(step_log, logged)
+                    logged = None
+                applied, holds = self._applied, self._holds
                 if not self._apply_commands(block):
                     return
+                if self._holds != holds:  # parked by a hold meanwhile: that time is no step's
+                    logged = None
                 if not engine.has_unfinished_requests():
                     self._deliver([], True)  # publishes the snapshot
                     continue
                 if self._applied != applied:  # the queues changed: publish them before a long step
                     self.snapshot = snapshot_of(engine)
+                if step_log is not None:
+                    # The previous iteration ends where this one starts: outputs handed over, commands
+                    # taken, all in its time, as they pace the caller's tokens.
+                    if logged is not None:
+                        _log_iteration(step_log, logged)
+                    logged = (StepShape(), time.perf_counter())
+                    engine.step_shape = logged[0]
                 outputs = engine.step(self._interrupts)
                 if outputs:
                     self._deliver(outputs, not engine.has_unfinished_requests())
@@ -342,6 +362,7 @@ class AsyncLLM:
 
     def _hold(self, hold: _Hold) -> None:
         """Park this thread, running hold's calls, until the holder releases it."""
+        self._holds += 1
         _settle(hold.held, None)
         while (call := hold.calls.get()) is not None:
             _run_call(self.engine, call)
@@ -368,6 +389,13 @@ class AsyncLLM:
     def _fail_all(self, error: BaseException) -> None:
         for stream in self._streams.values():
             stream.put_nowait(error)
+
+
+def _log_iteration(step_log: StepLog | None, logged: tuple[StepShape, float]) -> None:
+    """Write a timed iteration that ran a batch (one that only applied commands is not a step)."""
+    shape, started = logged
+    if step_log is not None and shape.batches:
+        step_log.write_step(shape, time.perf_counter() - started)
 
 
 def _run_call(engine: LLMEngine, call: _Call) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import concurrent.futures
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import torch
 
 from services.worker.engine.errors import EngineDeadError, InvalidRequestError
 from services.worker.engine.model_placement import place_model
+from services.worker.engine.step_log import StepLog
 from services.worker.memory.errors import ModelEvictedError
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
@@ -49,13 +51,16 @@ class EmbeddingEngine:
         max_batch_tokens: int = 8192,
         memory: MemoryManager | None = None,
         model_name: str | None = None,
+        step_log: StepLog | None = None,
     ) -> None:
         """model_dir: an encoder checkpoint directory, or the HostCopy an earlier engine's evict() returned
         (then memory is required, dtype must be the copy's, and nothing is read from disk).
         memory: None loads the weights on their own. A MemoryManager builds the encoder in a new partition
         of its arena named model_name (None: the directory's name, or the name the copy was evicted
         under), with no KV pool; device must be the arena's. InvalidRequestError for a decoder,
-        ModelAlreadyResidentError / OutOfMemoryError from the arena (nothing reserved then)."""
+        ModelAlreadyResidentError / OutOfMemoryError from the arena (nothing reserved then).
+        step_log: where the batching thread records each batch's tokens and time (step_log.py)."""
+        self._step_log = step_log
         self.device = torch.device(device)
         self.max_batch_tokens = max_batch_tokens
         self.memory = memory
@@ -154,6 +159,8 @@ class EmbeddingEngine:
                 self._closed = True
                 self._jobs.put(None)
         self._thread.join()
+        if self._step_log is not None:
+            self._step_log.close()
 
     def _tokenize(self, texts: list[str]) -> list[list[int]]:
         if isinstance(texts, str) or not isinstance(texts, list | tuple):
@@ -190,7 +197,15 @@ class EmbeddingEngine:
     def _serve(self, jobs: list[_Job]) -> None:
         try:
             rows = [ids for job in jobs for ids in job.token_ids]
+            started, forwards = time.perf_counter(), self.num_batches
             vectors = self._embed(rows)
+            if self._step_log is not None:
+                seconds = time.perf_counter() - started
+                tokens = sum(len(r) for r in rows)
+                self._step_log.write(
+                    {"batches": self.num_batches - forwards, "rows": 0, "context": 0, "prefill": tokens,
+                     "attention": 0, "inputs": len(rows), "seconds": seconds, "execute_s": seconds}
+                )  # fmt: skip
         except Exception as exc:  # a failed forward fails these callers, not the engine
             for job in jobs:
                 job.done.set_exception(exc)

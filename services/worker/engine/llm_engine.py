@@ -24,6 +24,7 @@ from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.scheduler_config import SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence
 from services.worker.engine.step_interrupts import StepInterrupts
+from services.worker.engine.step_log import StepShape
 from services.worker.memory.errors import ModelBusyError, ModelEvictedError
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
@@ -119,6 +120,8 @@ class LLMEngine:
         self.stats = EngineStats()
         self._text: dict[str, TextState] = {}
         self._nested_s = 0.0  # seconds spent in urgent steps so far (see _run)
+        # Set by an AsyncLLM that logs its steps (step_log.py): every batch _run executes is added to it.
+        self.step_shape: StepShape | None = None
 
     @property
     def layout(self) -> EngineLayout:
@@ -257,6 +260,8 @@ class LLMEngine:
         # what this shape costs, not what happened to run inside it.
         seconds = time.perf_counter() - started - (self._nested_s - nested_before)
         self.scheduler.observe_step(batch, seconds)
+        if self.step_shape is not None:  # read before update() advances the sequences
+            self.step_shape.add(batch, seconds)
         self.scheduler.update(batch, sampled)
         stats.steps += 1
         stats.preemptions += len(batch.preempted)

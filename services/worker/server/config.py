@@ -171,6 +171,9 @@ class WorkerSettings:
     evict_busy: bool = False
     kv_rebalance_interval_s: float = 1.0
     kv_donor_min_blocks: int = 16
+    # Where each engine appends a JSON line per step it runs (engine/step_log.py: what the fleet
+    # simulator's serving calibration fits); None: no log.
+    step_log_dir: str | None = None
     internal_token: str | None = field(default=None, repr=False)  # HANZO_INTERNAL_TOKEN (internal_auth.py)
 
     def __post_init__(self) -> None:
@@ -246,6 +249,7 @@ class WorkerSettings:
                 environ, p + "KV_REBALANCE_INTERVAL_S", cls.kv_rebalance_interval_s, 0.0
             ),
             kv_donor_min_blocks=env_int(environ, p + "KV_DONOR_MIN_BLOCKS", cls.kv_donor_min_blocks, 1),
+            step_log_dir=environ.get(p + "STEP_LOG_DIR") or None,
             internal_token=token_from_env(environ),
         )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from services.worker.engine.config import EngineConfig
 from services.worker.engine.embedding import EmbeddingEngine
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.snapshot import EngineSnapshot
+from services.worker.engine.step_log import StepLog, step_log_for
 from services.worker.memory.errors import format_bytes
 from services.worker.memory.host_copy import HostCopy
 from services.worker.memory.manager import MemoryManager
@@ -95,7 +97,9 @@ def build_model(
         origin, config = WeightSource.DISK, load_model_config(source)
         dtype = resolve_dtype(s.dtype, s.device, config)
     if isinstance(config, EncoderConfig):
-        embedder = EmbeddingEngine(source, dtype=dtype, device=s.device, memory=memory, model_name=name)
+        embedder = EmbeddingEngine(
+            source, dtype=dtype, device=s.device, memory=memory, model_name=name, step_log=_step_log(s, name)
+        )
         return ServedModel(name, ModelKind.EMBED, embedder.weight_bytes, origin, embedder=embedder)
     engine_config = EngineConfig(
         dtype=dtype,
@@ -114,7 +118,13 @@ def build_model(
         layout.num_kv_blocks, layout.block_size, layout.max_model_len, s.max_num_seqs,
     )  # fmt: skip
     weight_bytes = engine.partition.weight_bytes if engine.partition else _module_bytes(engine.runner.model)
-    return ServedModel(name, ModelKind.GENERATE, weight_bytes, origin, llm=AsyncLLM(engine))
+    llm = AsyncLLM(engine, _step_log(s, name))
+    return ServedModel(name, ModelKind.GENERATE, weight_bytes, origin, llm=llm)
+
+
+def _step_log(settings: WorkerSettings, name: str) -> StepLog | None:
+    """name's step log in this worker (one file per process and model), if settings ask for one."""
+    return step_log_for(settings.step_log_dir, name, f"worker-{os.getpid()}")
 
 
 def _module_bytes(model: torch.nn.Module) -> int:

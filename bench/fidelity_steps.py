@@ -1,0 +1,54 @@
+"""The step logs of bench/sim_fidelity.py's mesh, cut per replay, and how well a fit predicts them.
+
+The mesh's workers append to their step logs for as long as they run (warm-up, the calibration trace, the
+evaluation trace); the bench notes each file's size between replays and copies out the bytes each replay
+added, so a fit sees only its own trace's steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+
+from sim.fit import TERMS
+from sim.serving_fit import logs_by_model, read_step_log
+
+
+def log_sizes(directory: Path) -> dict[str, int]:
+    """Each step log's size in bytes now (by file name)."""
+    return {p.name: p.stat().st_size for p in directory.glob("*.jsonl")}
+
+
+def cut_logs(directory: Path, since: Mapping[str, int], out: Path) -> Path:
+    """What each log under directory gained since the sizes in since (whole lines), copied under out."""
+    out.mkdir(parents=True, exist_ok=True)
+    for path in directory.glob("*.jsonl"):
+        data = path.read_bytes()[since.get(path.name, 0) :]
+        (out / path.name).write_bytes(data[: data.rfind(b"\n") + 1])
+    return out
+
+
+def out_of_sample(fitted: Mapping[str, object], directory: Path) -> dict[str, dict[str, float | int]]:
+    """Per model logged under directory: how a calibration record's coefficients predict those steps
+    (steps, median and RMS relative error, and the median of measured / predicted)."""
+    models = fitted["models"]
+    assert isinstance(models, Mapping)
+    report: dict[str, dict[str, float | int]] = {}
+    for name, paths in logs_by_model(directory).items():
+        samples = [s for p in paths for s in read_step_log(p)]
+        if name not in models or not samples:
+            continue
+        coefficients = models[name]["coefficients"]
+        c = np.array([float(coefficients[t]) for t in TERMS])
+        predicted = np.array([s.features() for s in samples]) @ c
+        measured = np.array([s.seconds for s in samples])
+        relative = (predicted - measured) / measured
+        report[name] = {
+            "steps": len(samples),
+            "median_abs_relative_error": float(np.median(np.abs(relative))),
+            "rms_relative_error": float(np.sqrt(np.mean(relative**2))),
+            "measured_over_predicted_p50": float(np.median(measured / predicted)),
+        }
+    return report

@@ -1,0 +1,94 @@
+"""Step-time coefficients fitted to the steps a serving worker logged (services/worker/engine/step_log.py).
+
+sim/calibrate.py times LLMEngine.step() alone in a process of its own. In the local mesh the same steps
+run beside the worker's gRPC server, its token streams, the other worker, the gateway, the placer, Redis
+and the client, all on two cores, and each iteration also hands its outputs over and takes the next
+commands: on this VM that made a worker's time per output token about twice the fitted one. A worker
+started with HANZO_WORKER_STEP_LOG_DIR records every iteration as it served; fitting the same terms to
+those records gives the simulator the step times of a worker under that load. To keep the fit honest,
+the records come from a calibration trace of their own (another seed), never from the trace the
+simulator is then compared on.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import numpy as np
+
+from sim.fit import TERMS, StepSample, fit_step_costs
+from sim.profiles import ModelCost
+
+ENCODER_TERMS = ("base_s", "per_prefill_token_s")  # as sim/calibrate.py fits the encoder
+
+
+def read_step_log(path: Path) -> list[StepSample]:
+    """One StepSample per line of a step log (lines cut short by a stopping worker are skipped)."""
+    samples = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        samples.append(
+            StepSample(
+                rows=int(record["rows"]), context=int(record["context"]), prefill=int(record["prefill"]),
+                attention=int(record["attention"]), seconds=float(record["seconds"]),
+                batches=int(record["batches"]),
+            )
+        )  # fmt: skip
+    return samples
+
+
+def logs_by_model(directory: Path) -> dict[str, list[Path]]:
+    """The step logs under directory by model name (files are <process>-<model>.jsonl, the process
+    "worker-<pid>")."""
+    found: dict[str, list[Path]] = {}
+    for path in sorted(directory.glob("*.jsonl")):
+        parts = path.stem.split("-", 2)  # worker, pid, model (whose name may hold "-")
+        found.setdefault(parts[2] if len(parts) == 3 else path.stem, []).append(path)
+    return found
+
+
+def serving_calibration(
+    offline: Mapping[str, object], logs: Mapping[str, Iterable[Path]], samples_per_term: int = 10
+) -> dict[str, object]:
+    """offline (sim/calibrate.py's record) with each logged model's coefficients and residuals refitted
+    to its serving steps; the rest (sizes, worker configuration) as calibrated. A model with fewer than
+    samples_per_term logged steps per fitted term keeps its offline fit (named under "kept_offline").
+    ValueError when a logged model is not in offline."""
+    result = copy.deepcopy(dict(offline))
+    models = result["models"]
+    assert isinstance(models, dict)
+    refitted, kept = {}, []
+    for name, paths in logs.items():
+        if name not in models:
+            known = ", ".join(sorted(models))
+            raise ValueError(f"step logs for {name!r}, which the calibration does not know ({known})")
+        samples = [s for path in paths for s in read_step_log(path)]
+        record = models[name]
+        terms = ENCODER_TERMS if int(record["kv_bytes_per_token"]) == 0 else TERMS
+        if len(samples) < samples_per_term * len(terms):
+            kept.append(name)
+            continue
+        fit = fit_step_costs(samples, terms)
+        record.update(fit.summary())
+        record["steps"] = [s.__dict__ for s in samples]
+        refitted[name] = fit.summary()
+    result["source"] = "serving"
+    result["serving_fit"] = {"refitted": refitted, "kept_offline": kept}
+    return result
+
+
+def request_overhead_s(embeddings: Iterable[tuple[int, float]], encoder: ModelCost) -> float:
+    """The serving stack's fixed cost per request, from embeddings as a caller saw them ((input tokens,
+    seconds from send to answer) each): the median of each one's time less its encode by the fitted
+    costs (an embedding is one short forward, so what remains is the gateway, the placer call, the
+    worker's RPC and tokenizing). 0 without embeddings; never below 0."""
+    rest = [
+        seconds - (encoder.base_s + tokens * encoder.per_prefill_token_s) for tokens, seconds in embeddings
+    ]
+    return max(0.0, float(np.median(rest))) if rest else 0.0

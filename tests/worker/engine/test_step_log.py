@@ -1,0 +1,75 @@
+"""The step log a serving engine writes (engine/step_log.py): every computed token accounted for, in the
+shape the simulator's fit reads."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+
+from services.worker.engine import LLMEngine, SamplingParams
+from services.worker.engine.async_llm import AsyncLLM
+from services.worker.engine.config import EngineConfig
+from services.worker.engine.embedding import EmbeddingEngine
+from services.worker.engine.step_log import StepLog, step_log_for
+
+BUDGET = 64
+
+
+def _lines(path: Path) -> list[dict[str, float]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+async def test_generation_steps_account_for_every_token(llama_gqa_dir: Path, tmp_path: Path) -> None:
+    engine = LLMEngine(llama_gqa_dir, EngineConfig(max_num_batched_tokens=BUDGET))
+    log_path = tmp_path / "steps.jsonl"
+    outputs = 5
+    params = SamplingParams(temperature=0.0, max_tokens=outputs, ignore_eos=True)
+    # Distinct first tokens, so no block comes from the prefix cache: every prompt token is computed once.
+    rng = random.Random(3)
+    prompts = [[10 + i] + [rng.randrange(20, 500) for _ in range(n - 1)] for i, n in enumerate((100, 30, 7))]
+    async with AsyncLLM(engine, StepLog(log_path)) as llm:
+
+        async def run(prompt: list[int]) -> None:
+            async for _ in llm.generate(prompt, params):
+                pass
+
+        await asyncio.gather(*(run(p) for p in prompts))
+    lines = _lines(log_path)
+    assert sum(line["prefill"] for line in lines) == sum(len(p) for p in prompts)
+    # The prompt's last chunk samples the first token; each later token is one decode row whose context is
+    # the tokens before it plus itself.
+    assert sum(line["rows"] for line in lines) == len(prompts) * (outputs - 1)
+    expected_context = sum(len(p) + k for p in prompts for k in range(1, outputs))
+    assert sum(line["context"] for line in lines) == expected_context
+    for line in lines:
+        assert line["batches"] >= 1
+        assert line["prefill"] + line["rows"] <= BUDGET * line["batches"]
+        assert line["seconds"] >= line["execute_s"] > 0
+        if line["prefill"] == 0:
+            assert line["attention"] == 0
+        else:
+            assert line["attention"] >= line["prefill"]
+
+
+def test_encoder_batches_are_logged(minilm_dir: Path, tmp_path: Path) -> None:
+    log_path = tmp_path / "encoder.jsonl"
+    embedder = EmbeddingEngine(minilm_dir, step_log=StepLog(log_path))
+    texts = ["a short one", "a somewhat longer sentence to embed"]
+    tokens = sum(len(ids) for ids in embedder.tokenizer.encode_batch(texts))
+    for text in texts:
+        embedder.encode([text])
+    embedder.close()
+    lines = _lines(log_path)
+    assert len(lines) == 2
+    assert sum(line["prefill"] for line in lines) == tokens
+    assert all(line["rows"] == 0 and line["batches"] == 1 and line["inputs"] == 1 for line in lines)
+
+
+def test_no_directory_no_log(tmp_path: Path) -> None:
+    assert step_log_for(None, "m", "worker-1") is None
+    assert step_log_for("", "m", "worker-1") is None
+    log = step_log_for(str(tmp_path / "logs"), "org/model:v1", "worker-7")
+    assert log is not None and log.path == tmp_path / "logs" / "worker-7-org_model_v1.jsonl"
+    log.close()
