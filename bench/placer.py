@@ -10,12 +10,15 @@ measured, bench/placer_telemetry_load.py (its own process) writes GPU samples th
 ClusterStore.write_thermal at --telemetry-rate, so both placers apply that many pub/sub events per second.
 Measured: PlacerReplica.pick in-process (picks in ~2 ms bursts with an `await asyncio.sleep(0)` between, so
 the loop applies events), Pick over loopback gRPC (serial, then 32 in flight), and bench/placer_naive.py.
+Then the floor under the gRPC figures: the same 32 callers against bench/placer_floor.py, a server built
+as the placer's whose Pick does no work (one fixed reply), on the placer's core.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import os
 import sys
@@ -33,11 +36,19 @@ from bench.placer_cluster import ClusterShape, gpu_sample, node_reports, pick_re
 from bench.placer_inprocess import InProcessPlacer, naive_agreement
 from bench.placer_measure import Timed, concurrent_calls, register, serial_calls, stream_samples
 from bench.placer_naive import NaivePicker
-from bench.placer_procs import cpu_layout, pin, start_placer, start_telemetry_load, telemetry_result
+from bench.placer_procs import (
+    cpu_layout,
+    pin,
+    start_floor,
+    start_placer,
+    start_telemetry_load,
+    telemetry_result,
+)
 from bench.progress import log
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
 from services.common.redact import redact_url
 from services.common.redis_server import RedisServer
+from services.common.service_main import tune_collector
 from services.mesh.process import ChildProcess
 from services.mesh.service_env import service_env
 from services.placer.cluster.schema import Keys
@@ -118,6 +129,7 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
             del reports, samples, ids, listed  # 24,000 GC-tracked messages the measured placer must not carry
 
             inprocess = await InProcessPlacer.start(redis.url, HEARTBEAT_INTERVAL_S, args.resync_interval_s)
+            gc.freeze()  # as services/common/service_main.py does once a service has started
             result.update(inprocess.sync_report())
             log(f"in-process placer synced: {inprocess.sync_report()}")
             costs = await inprocess.costs(requests)
@@ -183,6 +195,27 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
                 grpc_concurrent_ms_p99=ms(timed, 99),
             )
             log(f"gRPC {args.grpc_in_flight} in flight: {timed.per_s:.0f} picks/s")
+            reply = await stub.Pick(requests[0], timeout=10)
+        # The floor: the same callers against a server whose Pick does nothing, on the placer's core.
+        children.remove(placer)
+        placer.stop()
+        (workdir / "reply.bin").write_bytes(reply.SerializeToString())
+        floor, address = start_floor(workdir / "reply.bin", other_cpus, workdir / "floor.log")
+        children.append(floor)
+        async with grpc.aio.insecure_channel(address) as channel:
+            floor_stub = placer_pb2_grpc.PlacerStub(channel)
+
+            def fixed(request: placer_pb2.PickRequest) -> object:
+                return floor_stub.Pick(request, timeout=10)
+
+            await serial_calls(fixed, requests, 300)  # warm-up
+            timed = await concurrent_calls(fixed, requests, args.grpc_in_flight, sizes["grpc_concurrent_s"])
+            result.update(
+                grpc_floor_calls_per_s=round(timed.per_s),
+                grpc_floor_concurrent_ms_p50=ms(timed, 50),
+                grpc_floor_concurrent_ms_p99=ms(timed, 99),
+            )
+            log(f"gRPC floor (a Pick doing nothing), {args.grpc_in_flight} in flight: p99 {ms(timed, 99)} ms")
         children.remove(load)
         load.stop()
         telemetry = telemetry_result(load.log_text())
@@ -212,6 +245,8 @@ def main() -> None:
         "loadavg_1m_at_start": round(os.getloadavg()[0], 2),  # others' work on this machine skews tails
     }
     with tempfile.TemporaryDirectory(prefix="bench-placer-") as tmp:
+        # The in-process placer is measured under the collector settings every service runs with.
+        tune_collector()
         asyncio.run(run(args, Path(tmp), result))
     picks, naive = result["picks_per_s"], result["naive_picks_per_s"]
     result["speedup_vs_naive"] = round(picks / naive, 1)  # type: ignore[operator]
@@ -222,6 +257,10 @@ def main() -> None:
         ),
         "speedup_vs_naive>=10": result["speedup_vs_naive"] >= TARGETS["speedup_vs_naive"],
     }
+    # Whether the gRPC target can be met here at all: the floor is a server that does no work.
+    floor = result["grpc_floor_concurrent_ms_p99"]
+    result["grpc_floor_below_target"] = floor < TARGETS["grpc_concurrent_ms_p99"]  # type: ignore[operator]
+    result["grpc_concurrent_p99_vs_floor"] = round(result["grpc_concurrent_ms_p99"] / floor, 2)  # type: ignore[operator]
     result["total_s"] = round(time.perf_counter() - start, 1)
     print(json.dumps(result), flush=True)
 

@@ -1,6 +1,7 @@
-"""Subprocesses of bench/placer.py: a placer (`python -m services.placer`) and the telemetry load
-(`python -m bench.placer_telemetry_load`), each started by the mesh's own launcher
-(services/mesh/process.py: its READY line in its log, SIGTERM then SIGKILL to stop) and pinned to CPUs."""
+"""Subprocesses of bench/placer.py: a placer (`python -m services.placer`), the telemetry load
+(`python -m bench.placer_telemetry_load`) and the gRPC floor (`python -m bench.placer_floor`), each
+started by the mesh's own launcher (services/mesh/process.py: its READY line in its log, SIGTERM then
+SIGKILL to stop) and pinned to CPUs."""
 
 from __future__ import annotations
 
@@ -38,6 +39,16 @@ def start_placer(
     PLACER_READY."""
     env = {**service_env("placer", redis_url=redis_url, port=0), **env_overrides}
     child = ChildProcess("placer", "services.placer", env, "PLACER_READY", log_path)
+    pin(child.pid, cpus)
+    return child, _ready(child)["address"]
+
+
+def start_floor(reply: Path, cpus: set[int], log_path: Path) -> tuple[ChildProcess, str]:
+    """bench/placer_floor.py answering every Pick with the reply in file `reply`, pinned to cpus; returns
+    it and its address once it printed FLOOR_READY."""
+    child = ChildProcess(
+        "placer-floor", "bench.placer_floor", {}, "FLOOR_READY", log_path, ("--reply", str(reply))
+    )
     pin(child.pid, cpus)
     return child, _ready(child)["address"]
 
