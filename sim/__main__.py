@@ -1,7 +1,7 @@
 """python -m sim: routing policies on one simulated fleet and trace; one JSON line on stdout.
 
 .venv/bin/python -m sim [--policies ours,least_loaded] [--hosts 125] [--minutes 30]
-                        [--cooling severe] [--seed 0] [--jobs 2] [--plot FILE]
+                        [--cooling severe] [--seed 0] [--jobs 2] [--plot FILE] [--weights FILE]
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+from services.placer.pick.weights import ClassWeights
 from sim.compare import run_policies
 from sim.fleet import Cooling, FleetLayout
 from sim.plot import plot
@@ -50,6 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--jobs", type=_positive(int), default=None, help="parallel runs (default: the CPUs)")
     parser.add_argument("--plot", type=Path, default=None, help="write the comparison as a PNG here")
+    parser.add_argument(
+        "--weights", type=Path, default=None,
+        help="JSON overrides of ours's per-class weights, as HANZO_PLACER_WEIGHTS_FILE holds them",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -64,7 +69,11 @@ def config_of(args: argparse.Namespace) -> SimConfig:
         embedding_rate=workload.embedding_rate * scale,
     )
     layout = FleetLayout(hosts=args.hosts, gpus_per_host=args.gpus_per_host)
-    return SimConfig(layout=layout, workload=workload, cooling=Cooling(args.cooling), seed=args.seed)
+    weights = json.loads(args.weights.read_text()) if args.weights else {}
+    ClassWeights.from_config(weights)  # a bad file fails here, naming the culprit, not in a worker process
+    return SimConfig(
+        layout=layout, workload=workload, cooling=Cooling(args.cooling), seed=args.seed, class_weights=weights
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +83,11 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         print(f"unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
         return 2
-    config = config_of(args)
+    try:
+        config = config_of(args)
+    except (OSError, ValueError) as error:  # an unreadable or bad --weights file (JSON errors too)
+        print(f"--weights {args.weights}: {error}", file=sys.stderr)
+        return 2
     started = time.perf_counter()
     runs = run_policies(config, policies, args.jobs)
     out: dict[str, object] = {

@@ -73,8 +73,11 @@ def _picker_policy(picker: Picker) -> Policy:
     return choose
 
 
-def ours(seed: int) -> Policy:
-    return _picker_policy(Picker(ClassWeights.defaults(), rng=np.random.default_rng([seed, 20])))
+def ours(seed: int, weights: ClassWeights | None = None) -> Policy:
+    """The placer's Picker with its per-class weights (None: the defaults; a placer takes overrides from
+    HANZO_PLACER_WEIGHTS_FILE, the simulator from --weights, in the same JSON form)."""
+    chosen = weights or ClassWeights.defaults()
+    return _picker_policy(Picker(chosen, rng=np.random.default_rng([seed, 20])))
 
 
 def least_loaded(seed: int) -> Policy:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -20,10 +20,11 @@ import numpy as np
 from services.common.workload import WorkloadClass
 from services.placer.cluster.state import ClusterState
 from services.placer.pick.query import PickQuery
+from services.placer.pick.weights import ClassWeights
 from sim.engine_model import GpuEngine
 from sim.feed import Feed
 from sim.fleet import Cooling, Fleet, FleetLayout, NetworkCosts
-from sim.policies import POLICIES
+from sim.policies import POLICIES, ours
 from sim.profiles import H200, GpuProfile
 from sim.request import Request
 from sim.results import GPU_SLOS, ClassResults, ServiceLevel
@@ -48,6 +49,9 @@ class SimConfig:
     slos: dict[WorkloadClass, ServiceLevel] = field(default_factory=lambda: dict(GPU_SLOS))
     seed: int = 0
     caller_rack: str = ""  # the callers' rack (the local mesh's gateway shares one with a worker); "": none
+    # Overrides of the placer's per-class weights for `ours`, as HANZO_PLACER_WEIGHTS_FILE holds them
+    # ({"BATCH": {"thermal_headroom": 0.5}}); the baselines keep their own.
+    class_weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
 
 class Simulation:
@@ -84,7 +88,13 @@ class Simulation:
         self.index_of = {node_id: g for g, node_id in enumerate(fleet.node_ids)}
         self.state = ClusterState(clock=lambda: self.now)
         self.feed = Feed(self.state, fleet, self.engines, self.thermal, profile, config.seed)
-        self.choose = POLICIES[policy](config.seed)
+        self.weights: dict[str, dict[str, float]] | None = None  # ours's, as the summary reports them
+        if policy == "ours":
+            weights = ClassWeights.from_config(config.class_weights)
+            self.weights = {wc.name.lower(): dict(w) for wc, w in weights.by_class.items()}
+            self.choose = ours(config.seed, weights)
+        else:
+            self.choose = POLICIES[policy](config.seed)
         self.workload = workload or Workload(
             config.workload, config.layout.gpus, fleet.zone_names, conversations, config.seed
         )
@@ -213,6 +223,7 @@ class Simulation:
         engines = self.engines
         return {
             "policy": self.policy_name,
+            "class_weights": self.weights,
             "offered_load": self.offered_load(),
             "classes": {
                 wc.name.lower(): results.summary(duration, unfinished[wc])

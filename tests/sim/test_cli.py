@@ -41,3 +41,18 @@ def test_a_fleet_or_run_of_no_size_is_refused_naming_the_flag() -> None:
     for flag, value in (("--hosts", "0"), ("--minutes", "-1"), ("--jobs", "two")):
         done = sim(flag, value)
         assert done.returncode == 2 and flag in done.stderr, (flag, done.stderr)
+
+
+def test_weights_reach_our_policy_and_a_bad_file_is_refused_naming_the_scorer(tmp_path: Path) -> None:
+    weights = tmp_path / "weights.json"
+    weights.write_text(json.dumps({"realtime_chat": {"prefix_affinity": 0.6}}))
+    done = sim(
+        "--hosts", "1", "--minutes", "0.2", "--policies", "ours", "--jobs", "1", "--weights", str(weights)
+    )
+    assert done.returncode == 0, done.stderr
+    used = json.loads(done.stdout)["policies"]["ours"]["class_weights"]
+    assert used["realtime_chat"]["prefix_affinity"] == 0.6
+    assert used["agent_tool"]["prefix_affinity"] == 0.1  # the other classes keep the defaults
+    weights.write_text(json.dumps({"realtime_chat": {"prefix_afinity": 0.6}}))
+    done = sim("--weights", str(weights))
+    assert done.returncode == 2 and "prefix_afinity" in done.stderr and "--weights" in done.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from dataclasses import replace
 
 import pytest
 
@@ -38,11 +39,11 @@ PROFILE = GpuProfile(
 class Loop:
     """The simulation's event loop, reduced to what one engine needs."""
 
-    def __init__(self) -> None:
+    def __init__(self, profile: GpuProfile = PROFILE) -> None:
         self.events: list[tuple[float, int, GpuEngine, int]] = []
         self.order = itertools.count()
         self.done: list[Request] = []
-        self.engine = GpuEngine(0, PROFILE, ["m", "e"], self.schedule, self.done.append)
+        self.engine = GpuEngine(0, profile, ["m", "e"], self.schedule, self.done.append)
 
     def schedule(self, when: float, engine: GpuEngine, version: int) -> None:
         heapq.heappush(self.events, (when, next(self.order), engine, version))
@@ -139,3 +140,37 @@ def test_an_embedding_runs_at_once_beside_the_decodes() -> None:
     assert e.done_s == pytest.approx(0.2 + PROFILE.preempt_granularity_s + 0.001 + 100 * 0.00001)
     loop.run_until(10.0)
     assert r.done_s > 0 and e in loop.done
+
+
+def test_with_known_layers_a_chat_prompt_waits_half_a_layer_of_the_running_step() -> None:
+    loop = Loop(replace(PROFILE, layers=10))
+    doc = request(0.0, prompt=2000, output=2, workload=WorkloadClass.BATCH)
+    loop.engine.enqueue(doc, 0.0)
+    loop.run_until(0.05)
+    chat = request(0.05, prompt=100, output=2)
+    loop.engine.enqueue(chat, 0.05)
+    loop.run_until(10.0)
+    step = 0.010 + 0.2  # the document's prompt step, running when the chat arrives
+    assert chat.first_token_s == pytest.approx(0.05 + step / 20 + 0.010 + 100 * 0.0001)
+
+
+def test_with_known_layers_a_prompt_arriving_mid_decode_waits_half_a_layer_of_the_decode_step() -> None:
+    loop = Loop(replace(PROFILE, layers=10, preempt_granularity_s=1.0))
+    long = request(0.0, prompt=100, output=400, workload=WorkloadClass.BATCH)
+    loop.engine.enqueue(long, 0.0)
+    loop.run_until(0.0205)  # inside its first decode step: 10 ms base + 1 ms for its row
+    chat = request(0.0205, prompt=100, output=2)
+    loop.engine.enqueue(chat, 0.0205)
+    loop.run_until(10.0)
+    decode_step = 0.011
+    assert chat.first_token_s == pytest.approx(0.0205 + decode_step / 20 + 0.010 + 0.001 + 100 * 0.0001)
+
+
+def test_an_encoder_without_a_wait_runs_the_moment_it_arrives() -> None:
+    loop = Loop(replace(PROFILE, encoder_wait_s=0.0))
+    r = request(0.0, prompt=100, output=50)
+    loop.engine.enqueue(r, 0.0)
+    loop.run_until(0.2)
+    e = request(0.2, prompt=100, output=0, workload=WorkloadClass.EMBEDDING, model="e")
+    loop.engine.enqueue(e, 0.2)
+    assert e.done_s == pytest.approx(0.2 + 0.001 + 100 * 0.00001)
