@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
+from services.worker.engine.policy.classes import PolicyConfig
 from sim.fit import TERMS
 from sim.profiles import GpuProfile, ModelCost, ThermalProfile
 
@@ -81,6 +82,7 @@ def cpu_profile(calibration: Mapping[str, object], decoder: str, encoder: str | 
         # The engine's steps vary in size (its adaptive budget, decodes between prompts), so the wait for
         # a preemption point is half a layer of the step running, not of a full-budget one.
         layers=int(worker["num_layers"]),
+        itl_min_efficiency=PolicyConfig().itl_min_efficiency,  # the worker's default policy
     )
 
 

@@ -29,6 +29,7 @@ from sim.request import Request
 
 IDLE, DECODE, STEP = 0, 1, 2
 _EPS = 1e-9
+_BUDGET_STEP = 16  # the adaptive budget's granularity (the worker policy's min_batched_tokens)
 
 Schedule = Callable[[float, "GpuEngine", int], None]
 
@@ -73,6 +74,8 @@ class GpuEngine:
         self.joining: list[Request] = []  # first token out in a nested step; decoding from the step's end
         self.step_end = 0.0
         self.step_s = 0.0  # the running prompt step's duration
+        decoders = [c for c in self.costs.values() if not c.embedding]
+        self._decoder_cost = decoders[0] if decoders else next(iter(self.costs.values()))
         self.decode_step_s = 0.0
         self.next_event = math.inf
         self.version = 0
@@ -238,7 +241,7 @@ class GpuEngine:
     def _start_step(self, now: float) -> bool:
         """Start a prompt step now if any prompt can run; False when none can (no seat or KV room)."""
         decodes = len(self.running)
-        budget = self.profile.token_budget - decodes
+        budget = self._budget(decodes)
         chunk: list[tuple[Request, int]] = []
         for request in self.prefilling:
             if budget <= 0:
@@ -277,6 +280,36 @@ class GpuEngine:
         self.step_end = now + self.step_s
         self._at(self.step_end, force=True)
         return True
+
+    def _budget(self, decodes: int) -> int:
+        """Prompt tokens the next step may carry (see GpuProfile.itl_min_efficiency): the whole budget
+        left after one token per decode, or the adaptive policy's choice, predicted from the profile's
+        step costs for a first chunk (no context before it) beside the running decodes."""
+        full = self.profile.token_budget - decodes
+        share = self.profile.itl_min_efficiency
+        if share is None or full <= _BUDGET_STEP:
+            return full
+        fixed = 0.0
+        for model, rows in self.rows.items():
+            if rows:
+                cost = self.costs[model]
+                fixed += cost.base_s + cost.per_row_s * rows + cost.per_context_token_s * self.context[model]
+        cost = self._decoder_cost
+        if not fixed:
+            fixed = cost.base_s
+        sizes = [*range(_BUDGET_STEP, full, _BUDGET_STEP), full]
+        rates = [(b + decodes) / (fixed + b * (cost.per_prefill_token_s + cost.per_prefill_attention_s * b))
+                 for b in sizes]  # fmt: skip
+        best = max(rates)
+        latency = (
+            [r for r in self.prefilling if r.priority < 2] + list(self.waiting[0]) + list(self.waiting[1])
+        )
+        if not latency and not any(r.priority < 2 for _, _, r in self.running):
+            return sizes[rates.index(best)]
+        chosen = next(b for b, rate in zip(sizes, rates, strict=True) if rate >= share * best)
+        top = min((r.priority for r in latency), default=None)
+        own = sum(r.to_prefill if r in self.prefilling else r.prompt for r in latency if r.priority == top)
+        return min(full, max(chosen, own))
 
     def _admit(self) -> Request | None:
         """The first waiting prompt in policy order, admitted, if it fits; None if it must wait."""

@@ -68,6 +68,11 @@ class GpuProfile:
     # is running (its time / layers / 2: the engine's preemption points sit between layers) instead of
     # preempt_granularity_s, which is half a layer of a full-budget prompt step.
     layers: int | None = None
+    # The worker's adaptive step budget (None: every prompt step takes the whole token_budget): a prompt
+    # step carries the prompt tokens that give the best predicted tokens/s, and while latency work is in
+    # play the fewest that keep this share of that best (the policy's itl_min_efficiency, the inter-token
+    # target itself being out of reach on the profile), never cutting the top latency level's own tokens.
+    itl_min_efficiency: float | None = None
     # How long an encoder request waits for a busy decoder to let it run; None: preempt_granularity_s
     # (on a GPU the encoder's kernels queue behind the decoder's up to a layer boundary).
     encoder_wait_s: float | None = None

@@ -174,3 +174,33 @@ def test_an_encoder_without_a_wait_runs_the_moment_it_arrives() -> None:
     e = request(0.2, prompt=100, output=0, workload=WorkloadClass.EMBEDDING, model="e")
     loop.engine.enqueue(e, 0.2)
     assert e.done_s == pytest.approx(0.2 + 0.001 + 100 * 0.00001)
+
+
+@pytest.mark.parametrize(
+    ("share", "chunks"),
+    [
+        (None, 1),  # no adaptive budget: the whole prompt in one step
+        # (b + 1) / (11 ms + 0.1 ms x b) >= 0.9 x the best (b = 2,047): b = 640, so four chunks
+        (0.9, 4),
+    ],
+)
+def test_beside_a_chat_decode_the_adaptive_budget_cuts_a_document_into_chunks(
+    share: float | None, chunks: int
+) -> None:
+    loop = Loop(replace(PROFILE, itl_min_efficiency=share))
+    chat = request(0.0, prompt=100, output=50)
+    loop.engine.enqueue(chat, 0.0)
+    loop.run_until(0.05)
+    doc = request(0.05, prompt=2000, output=2, workload=WorkloadClass.BATCH)
+    loop.engine.enqueue(doc, 0.05)
+    loop.run_until(10.0)
+    decode_ends = 0.02 + 3 * 0.011  # the chat's prompt step, then its third decode step ends after 0.05
+    assert doc.first_token_s == pytest.approx(decode_ends + chunks * 0.011 + 2000 * 0.0001)
+
+
+def test_with_only_throughput_work_the_adaptive_budget_takes_the_best_rate() -> None:
+    loop = Loop(replace(PROFILE, itl_min_efficiency=0.9))
+    doc = request(0.0, prompt=2000, output=2, workload=WorkloadClass.BATCH)
+    loop.engine.enqueue(doc, 0.0)
+    loop.run_until(10.0)
+    assert doc.first_token_s == pytest.approx(0.010 + 2000 * 0.0001)  # no fixed cost paid twice
