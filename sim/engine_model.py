@@ -63,6 +63,7 @@ class GpuEngine:
         self.counter = 0.0  # decode steps run so far (fractional inside a decode stretch)
         self.waiting: tuple[deque[Request], ...] = (deque(), deque(), deque())
         self.num_waiting = 0
+        self.batch_running = 0  # admitted BATCH requests (prefilling or decoding)
         self.prefilling: list[Request] = []  # admitted, prompt not yet computed, in priority order
         self.running: list[tuple[float, int, Request]] = []  # heap by finish counter
         self.rows: dict[str, int] = dict.fromkeys(self.costs, 0)  # decoding sequences per model
@@ -320,6 +321,7 @@ class GpuEngine:
             return None
         queue.popleft()
         self.num_waiting -= 1
+        self.batch_running += request.priority == 2
         self.kv_used += reserve
         self._make_room()
         hit = self._cached(request)
@@ -381,6 +383,7 @@ class GpuEngine:
 
     def _finish(self, request: Request, now: float) -> None:
         request.done_s = now
+        self.batch_running -= request.priority == 2
         self.decoded_tokens += request.output
         self.kv_used -= request.prompt + request.output
         self._remember(request.conversation, request.prompt + request.output)

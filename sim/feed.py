@@ -90,6 +90,8 @@ class Feed:
         load.running = engine.num_running
         load.waiting = engine.num_waiting
         load.kv_usage = engine.kv_usage()
+        load.batch_running = engine.batch_running
+        load.batch_waiting = len(engine.waiting[2])
         self.state.apply_node(entry)
 
     def sample(self, g: int, now: float) -> None:

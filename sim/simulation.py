@@ -166,7 +166,7 @@ class Simulation:
         if node_id is None:
             self.classes[request.workload].rejected += 1
             return
-        self.state.record_pick(self.state.snapshot.row_of[node_id])
+        self.state.record_pick(self.state.snapshot.row_of[node_id], request.workload)
         self.in_flight += 1
         self.engines[self.index_of[node_id]].enqueue(request, self.now)
 

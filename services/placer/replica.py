@@ -111,7 +111,7 @@ class PlacerReplica:
                 raise NotFound(f"model {query.model!r} is not served by any worker in the cluster")
             raise Unavailable(f"no healthy worker can take model {query.model!r} now; retry shortly")
         self.metrics.picked[query.workload_class].inc()
-        view.record_pick(result.row)
+        view.record_pick(result.row, query.workload_class)
         return result
 
     def list_nodes(self, node_ids: list[str]) -> placer_pb2.ListNodesReply:

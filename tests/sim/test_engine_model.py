@@ -204,3 +204,17 @@ def test_with_only_throughput_work_the_adaptive_budget_takes_the_best_rate() -> 
     loop.engine.enqueue(doc, 0.0)
     loop.run_until(10.0)
     assert doc.first_token_s == pytest.approx(0.010 + 2000 * 0.0001)  # no fixed cost paid twice
+
+
+def test_batch_running_counts_admitted_batch_requests_until_they_finish() -> None:
+    """What the feed reports as batch_running (waiting batch is len(waiting[2])): chat never counts."""
+    loop = Loop()
+    docs = [request(0.0, 100, 3, WorkloadClass.BATCH) for _ in range(2)]
+    chat = request(0.0, 100, 3)
+    for r in [*docs, chat]:
+        loop.engine.enqueue(r, 0.0)
+    assert loop.engine.batch_running == 0  # queued, not admitted
+    loop.run_until(0.0)
+    assert loop.engine.batch_running == 2
+    loop.run_until(100.0)
+    assert loop.engine.batch_running == 0 and len(loop.done) == 3

@@ -42,6 +42,8 @@ def node_record(
         waiting=report.load.waiting,
         kv_usage=report.load.kv_usage,
         max_running=report.load.max_running,
+        batch_running=report.load.batch_running,
+        batch_waiting=report.load.batch_waiting,
         draining=report.draining,
         deadline_s=entry.deadline_s,
         thermal=None if thermal is None else thermal_sample(thermal.sample),

@@ -49,6 +49,8 @@ class NodeRecord:
     max_running: int
     draining: bool
     deadline_s: float
+    batch_running: int = 0  # of running and waiting, the BATCH class's
+    batch_waiting: int = 0
     thermal: ThermalSample | None = None
     # Rate of temperature change in degrees C per second, smoothed over recent samples.
     temperature_trend_c_per_s: float = 0.0

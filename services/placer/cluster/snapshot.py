@@ -20,6 +20,8 @@ _FLOAT_COLUMNS = (
     "running",
     "waiting",
     "max_running",
+    "batch_running",
+    "batch_waiting",
     "kv_usage",
     "memory_total_bytes",
     "memory_free_bytes",
@@ -92,6 +94,8 @@ class ClusterSnapshot:
     running: np.ndarray
     waiting: np.ndarray
     max_running: np.ndarray
+    batch_running: np.ndarray
+    batch_waiting: np.ndarray
     kv_usage: np.ndarray
     memory_total_bytes: np.ndarray
     memory_free_bytes: np.ndarray
@@ -186,6 +190,8 @@ class ClusterSnapshot:
         self.running[row] = record.running
         self.waiting[row] = record.waiting
         self.max_running[row] = record.max_running
+        self.batch_running[row] = record.batch_running
+        self.batch_waiting[row] = record.batch_waiting
         self.kv_usage[row] = record.kv_usage
         self.memory_total_bytes[row] = record.memory_total_bytes
         self.memory_free_bytes[row] = record.memory_free_bytes
@@ -208,10 +214,13 @@ class ClusterSnapshot:
         self._write_thermal(row, record.thermal, record.temperature_trend_c_per_s)
         return row
 
-    def add_waiting(self, row: int) -> None:
-        """Count one more request waiting at row, until its next heartbeat reports the real count."""
+    def add_waiting(self, row: int, batch: bool = False) -> None:
+        """Count one more request waiting at row (a BATCH one if batch), until its next heartbeat
+        reports the real count."""
         self._written(row)
         self.waiting[row] += 1
+        if batch:
+            self.batch_waiting[row] += 1
 
     def remove(self, node_id: str) -> None:
         """Forget a node; its row is recycled. No-op for an unknown node."""

@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hanzo.inference.v1 import cluster_state_pb2
+from services.common.workload import WorkloadClass
 from services.placer.cluster.convert import node_record, thermal_sample
 from services.placer.cluster.snapshot import ClusterSnapshot
 
@@ -57,11 +58,12 @@ class ClusterState:
                 entry.temperature_trend_c_per_s = previous.temperature_trend_c_per_s
         return entry
 
-    def record_pick(self, row: int) -> None:
-        """A request was just sent to the node at row (a row of the current snapshot). Until that node's
-        next heartbeat it counts as waiting there: a heartbeat's load is up to an interval old, and
-        every pick in between would otherwise see the same least-loaded node and pile onto it."""
-        self.snapshot.add_waiting(row)
+    def record_pick(self, row: int, workload_class: WorkloadClass = WorkloadClass.UNSPECIFIED) -> None:
+        """A request of workload_class was just sent to the node at row (a row of the current snapshot).
+        Until that node's next heartbeat it counts as waiting there: a heartbeat's load is up to an
+        interval old, and every pick in between would otherwise see the same least-loaded node and pile
+        onto it."""
+        self.snapshot.add_waiting(row, batch=workload_class == WorkloadClass.BATCH)
 
     def expire(self) -> None:
         """Drop nodes whose deadline passed (no heartbeat within the TTL). O(1) until the earliest

@@ -100,6 +100,11 @@ class Scheduler:
         self._running.clear()
         return running
 
+    def running_of(self, workload: WorkloadClass) -> int:
+        """Sequences of one workload class admitted and holding blocks (counted: the running list
+        changes in too many places for a counter to stay right, and it holds at most max_num_seqs)."""
+        return sum(1 for seq in self._running if seq.hints.workload is workload)
+
     def waiting_of(self, workload: WorkloadClass) -> int:
         """Sequences of one workload class queued for (re-)admission."""
         return self._waiting_by_class[workload]

@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # a type only: this module is imported by AsyncLLM, which hol
 class EngineSnapshot:
     running: int = 0
     waiting: int = 0
+    batch_running: int = 0  # of running and waiting, the BATCH class's (the placer keeps them apart)
+    batch_waiting: int = 0
     kv_usage: float = 0.0
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
@@ -40,6 +42,8 @@ def snapshot_of(engine: LLMEngine) -> EngineSnapshot:
     return EngineSnapshot(
         running=engine.scheduler.num_running,
         waiting=engine.scheduler.num_waiting,
+        batch_running=engine.scheduler.running_of(WorkloadClass.BATCH),
+        batch_waiting=engine.scheduler.waiting_of(WorkloadClass.BATCH),
         kv_usage=blocks.usage,
         kv_blocks_total=blocks.num_blocks,
         kv_blocks_used=blocks.num_used_blocks,

@@ -64,6 +64,8 @@ def node_report(
         waiting=sum(m.waiting for m in decoders),
         kv_usage=max((m.kv_usage for m in decoders), default=0.0),
         max_running=settings.max_num_seqs * max(len(decoders), 1),
+        batch_running=sum(m.snapshot.batch_running for m in decoders),
+        batch_waiting=sum(m.snapshot.batch_waiting for m in decoders),
     )
     return placer_pb2.NodeReport(
         node_id=node_id,

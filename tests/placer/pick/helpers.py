@@ -21,8 +21,9 @@ def node(node_id: str, **spec: Any) -> NodeRecord:
     """A NodeRecord with sensible defaults: idle, 80 GB GPU with 40 GB free, MODEL cold, no thermal sample.
 
     spec keys: models ({name: "resident" | "host" | "cold"}), weight_bytes, free_gb, running, waiting,
-    max_running, kv, draining, deadline (seconds after NOW), zone, rack, host, trend; and for a thermal
-    sample any of temp, slowdown, shutdown, reasons, power, power_limit (slowdown/shutdown 0 = unknown).
+    max_running, batch_running, batch_waiting, kv, draining, deadline (seconds after NOW), zone, rack,
+    host, trend; and for a thermal sample any of temp, slowdown, shutdown, reasons, power, power_limit
+    (slowdown/shutdown 0 = unknown).
     """
     models = spec.get("models", {MODEL: "cold"})
     weight_bytes = spec.get("weight_bytes", WEIGHT_BYTES)
@@ -58,6 +59,8 @@ def node(node_id: str, **spec: Any) -> NodeRecord:
         waiting=spec.get("waiting", 0),
         kv_usage=spec.get("kv", 0.0),
         max_running=spec.get("max_running", 64),
+        batch_running=spec.get("batch_running", 0),
+        batch_waiting=spec.get("batch_waiting", 0),
         draining=spec.get("draining", False),
         deadline_s=NOW + spec.get("deadline", 10.0),
         thermal=thermal,

@@ -31,6 +31,23 @@ LOAD = [  # max_running 64 unless given
     ("capacity 0 counts as 1", {"max_running": 0, "running": 1}, {}, 0.5),
 ]
 
+ISOLATION = [  # a chat request; max_running 64
+    ("idle", {}, {}, 1.0),
+    ("no batch", {"running": 10}, {}, 1.0),
+    ("a quarter of the work is batch", {"running": 6, "waiting": 2, "batch_running": 2}, {}, 0.75),
+    ("batch queued counts", {"running": 4, "waiting": 4, "batch_waiting": 4}, {}, 0.5),
+    ("only batch", {"running": 8, "batch_running": 8}, {}, 0.0),
+]
+BATCH_ISOLATION = [  # a batch request; max_running 64, room ends at kv 0.95
+    ("idle", {}, 0.0),
+    ("only latency work", {"running": 10}, 0.0),
+    ("half batch, room left", {"running": 8, "batch_running": 4}, 0.5),
+    ("only batch, room left", {"running": 8, "batch_running": 8, "kv": 0.9}, 1.0),
+    ("batch waiting there", {"running": 8, "waiting": 1, "batch_running": 8, "batch_waiting": 1}, 0.0),
+    ("every seat taken", {"running": 64, "batch_running": 64}, 0.0),
+    ("kv at the limit", {"running": 8, "batch_running": 8, "kv": 0.95}, 0.0),
+]
+
 POWER_CAP = nvml_bits.SW_POWER_CAP
 THERMAL = [  # slowdown 90 C unless given; span 30 C, horizon 10 s
     ("no thermal sample: neutral", {}, {}, 0.5),
@@ -93,6 +110,18 @@ def _params(name: str, cases: list[tuple[str, dict[str, Any], dict[str, Any], fl
     _params("model_affinity", AFFINITY)
     + _params("load", LOAD)
     + _params("thermal_headroom", THERMAL)
+    + _params("batch_isolation", ISOLATION)
+    + [
+        pytest.param(
+            scorers.DEFAULT_SCORERS["batch_isolation"],
+            s,
+            {"workload_class": WorkloadClass.BATCH},
+            NO_CONTEXT,
+            v,
+            id=f"batch_isolation, batch: {c}",
+        )
+        for c, s, v in BATCH_ISOLATION
+    ]
     + _params("topology", TOPOLOGY)
     + [
         pytest.param(scorers.DEFAULT_SCORERS["prefix_affinity"], s, {}, ctx, v, id=f"prefix_affinity: {c}")
@@ -133,6 +162,7 @@ def test_scorers_give_a_number_per_row_and_change_nothing() -> None:
             "slowdown": float(rng.choice([0.0, 88.0])),
             "trend": float(rng.normal(0, 2)),
             "reasons": int(rng.integers(0, 0x200)),
+            "batch_running": int(rng.integers(0, 3)),
             "zone": f"z{i % 2}",
         }
         for i in range(50)

@@ -326,3 +326,17 @@ def test_preempted_request_is_never_timed_out() -> None:
     assert batch is not None and ids(batch.preempted) == ["b"]
     batch = step(sched, now=T0 + 50)  # "b" has waited long past the timeout, but it was accepted
     assert batch is not None and not batch.rejected
+
+
+def test_running_and_waiting_are_counted_per_class_for_the_heartbeat() -> None:
+    """What the worker's heartbeat reports as batch_running / batch_waiting (the placer's batch_isolation
+    keeps batch and latency work apart by them): two seats, so one of three batch requests waits."""
+    sched = scheduler(max_num_seqs=2)
+    for rid, workload in (("b1", BATCH), ("b2", BATCH), ("b3", BATCH)):
+        sched.add(seq(rid, workload))
+    step(sched)
+    assert (sched.running_of(BATCH), sched.waiting_of(BATCH)) == (2, 1)
+    sched.add(seq("r", RT))
+    step(sched)  # whether chat takes a seat from batch or waits, the counts add up to the totals
+    assert sched.running_of(BATCH) + sched.running_of(RT) == sched.num_running
+    assert sched.waiting_of(BATCH) + sched.waiting_of(RT) == sched.num_waiting
