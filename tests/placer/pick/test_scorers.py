@@ -105,39 +105,25 @@ def _params(name: str, cases: list[tuple[str, dict[str, Any], dict[str, Any], fl
     return [pytest.param(scorer, s, f, NO_CONTEXT, v, id=f"{name}: {c}") for c, s, f, v in cases]
 
 
+def _batch_params(name: str, cases: list[tuple[str, dict[str, Any], PickContext, float]]) -> list[Any]:
+    """Cases of a BATCH request: (case, node spec, context, value)."""
+    scorer, batch = scorers.DEFAULT_SCORERS[name], {"workload_class": WorkloadClass.BATCH}
+    return [pytest.param(scorer, s, batch, ctx, v, id=f"{name}, batch: {c}") for c, s, ctx, v in cases]
+
+
 @pytest.mark.parametrize(
     ("scorer", "spec", "fields", "context", "expected"),
     _params("model_affinity", AFFINITY)
     + _params("load", LOAD)
     + _params("thermal_headroom", THERMAL)
     + _params("batch_isolation", ISOLATION)
-    + [
-        pytest.param(
-            scorers.DEFAULT_SCORERS["batch_isolation"],
-            s,
-            {"workload_class": WorkloadClass.BATCH},
-            NO_CONTEXT,
-            v,
-            id=f"batch_isolation, batch: {c}",
-        )
-        for c, s, v in BATCH_ISOLATION
-    ]
+    + _batch_params("batch_isolation", [(c, s, NO_CONTEXT, v) for c, s, v in BATCH_ISOLATION])
     + _params("topology", TOPOLOGY)
     + [
         pytest.param(scorers.DEFAULT_SCORERS["prefix_affinity"], s, {}, ctx, v, id=f"prefix_affinity: {c}")
         for c, s, ctx, v in PREFIX
     ]
-    + [
-        pytest.param(
-            scorers.DEFAULT_SCORERS["prefix_affinity"],
-            s,
-            {"workload_class": WorkloadClass.BATCH},
-            ctx,
-            v,
-            id=f"prefix, batch: {c}",
-        )
-        for c, s, ctx, v in BATCH_PREFIX
-    ],
+    + _batch_params("prefix_affinity", BATCH_PREFIX),
 )
 def test_scorer_cases(
     scorer: scorers.Scorer,
