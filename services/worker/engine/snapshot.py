@@ -19,7 +19,7 @@ if TYPE_CHECKING:  # a type only: this module is imported by AsyncLLM, which hol
 class EngineSnapshot:
     running: int = 0
     waiting: int = 0
-    batch_running: int = 0  # of running and waiting, the BATCH class's (the placer keeps them apart)
+    batch_running: int = 0  # of running and waiting, the BATCH class's (the heartbeat reports them)
     batch_waiting: int = 0
     kv_usage: float = 0.0
     kv_blocks_total: int = 0
