@@ -26,10 +26,10 @@ from collections.abc import Callable
 
 from sim.profiles import GpuProfile, ModelCost
 from sim.request import Request
+from sim.step_budget import BUDGET_STEP, prompt_budget
 
 IDLE, DECODE, STEP = 0, 1, 2
 _EPS = 1e-9
-_BUDGET_STEP = 16  # the adaptive budget's granularity (the worker policy's min_batched_tokens)
 
 Schedule = Callable[[float, "GpuEngine", int], None]
 
@@ -283,34 +283,23 @@ class GpuEngine:
         return True
 
     def _budget(self, decodes: int) -> int:
-        """Prompt tokens the next step may carry (see GpuProfile.itl_min_efficiency): the whole budget
-        left after one token per decode, or the adaptive policy's choice, predicted from the profile's
-        step costs for a first chunk (no context before it) beside the running decodes."""
+        """Prompt tokens the next step may carry: the whole budget left after one token per decode, or
+        with the profile's itl_min_efficiency the adaptive policy's choice (step_budget.py)."""
         full = self.profile.token_budget - decodes
         share = self.profile.itl_min_efficiency
-        if share is None or full <= _BUDGET_STEP:
+        if share is None or full <= BUDGET_STEP:
             return full
         fixed = 0.0
         for model, rows in self.rows.items():
             if rows:
                 cost = self.costs[model]
                 fixed += cost.base_s + cost.per_row_s * rows + cost.per_context_token_s * self.context[model]
-        cost = self._decoder_cost
-        if not fixed:
-            fixed = cost.base_s
-        sizes = [*range(_BUDGET_STEP, full, _BUDGET_STEP), full]
-        rates = [(b + decodes) / (fixed + b * (cost.per_prefill_token_s + cost.per_prefill_attention_s * b))
-                 for b in sizes]  # fmt: skip
-        best = max(rates)
-        latency = (
-            [r for r in self.prefilling if r.priority < 2] + list(self.waiting[0]) + list(self.waiting[1])
-        )
-        if not latency and not any(r.priority < 2 for _, _, r in self.running):
-            return sizes[rates.index(best)]
-        chosen = next(b for b, rate in zip(sizes, rates, strict=True) if rate >= share * best)
+        latency = [r for r in self.prefilling if r.priority < 2] + [*self.waiting[0], *self.waiting[1]]
+        in_play = bool(latency) or any(r.priority < 2 for _, _, r in self.running)
         top = min((r.priority for r in latency), default=None)
         own = sum(r.to_prefill if r in self.prefilling else r.prompt for r in latency if r.priority == top)
-        return min(full, max(chosen, own))
+        cost = self._decoder_cost
+        return prompt_budget(full, decodes, fixed or cost.base_s, cost, share, in_play, own)
 
     def _admit(self) -> Request | None:
         """The first waiting prompt in policy order, admitted, if it fits; None if it must wait."""
