@@ -144,8 +144,8 @@ def test_prefix_memory_survives_row_recycling() -> None:
 def test_excluded_nodes_are_never_picked() -> None:
     nodes = [
         {"id": "best", **RESIDENT},
-        {"id": "worse", **RESIDENT, "running": 60},
-        {"id": "also", "running": 8},
+        {"id": "worse", **RESIDENT, "running": 30},
+        {"id": "also", "running": 60},  # busier and would load the model cold: last of the three
     ]
     picker = make_picker()
     chosen = {pick(picker, nodes, exclude=frozenset({"best"})).node_id for _ in range(20)}
