@@ -26,12 +26,21 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 
 from services.common.sampling import SamplingParams
+from services.worker.engine.engine_commands import (
+    Abort,
+    Add,
+    Call,
+    Command,
+    HeldEngine,
+    Hold,
+    run_call,
+    settle,
+)
 from services.worker.engine.errors import EngineDeadError, InvalidRequestError
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.outputs import RequestOutput, merge
@@ -45,54 +54,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-@dataclass
-class _Add:
-    request_id: str
-    prompt: str | list[int]
-    params: SamplingParams
-    hints: SchedulingHints
-    arrival_time: float  # time.monotonic() when generate() was called
-    done: concurrent.futures.Future[None]
-
-
-@dataclass
-class _Abort:
-    request_id: str
-
-
-@dataclass
-class _Call:
-    fn: Callable[[LLMEngine], Any]
-    done: concurrent.futures.Future[Any]
-
-
-@dataclass
-class _Hold:
-    held: concurrent.futures.Future[None]  # resolved once the engine thread has stopped stepping
-    calls: queue.SimpleQueue[_Call | None] = field(default_factory=queue.SimpleQueue)  # None releases
-    released: bool = False  # set on the loop side when the paused() block exits
-
-
-_Command = _Add | _Abort | _Call | _Hold
-
-
-class HeldEngine:
-    """An engine whose thread is parked by AsyncLLM.paused(): no steps, no commands applied."""
-
-    def __init__(self, engine: LLMEngine, hold: _Hold) -> None:
-        self.engine = engine  # safe to read from the loop while held; run heavy work through call()
-        self._hold = hold
-
-    async def call(self, fn: Callable[[LLMEngine], T]) -> T:
-        """fn(engine) run on the held engine thread; its result, or its exception raised here.
-        RuntimeError once the paused() block has exited (nothing would run it)."""
-        if self._hold.released:
-            raise RuntimeError("the engine is no longer held; use AsyncLLM.call")
-        done: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._hold.calls.put(_Call(fn, done))
-        return await asyncio.wrap_future(done)
-
-
 class AsyncLLM:
     """Streaming generation over one LLMEngine. Use as `async with AsyncLLM(engine) as llm:`."""
 
@@ -100,7 +61,7 @@ class AsyncLLM:
         """step_log: where the engine thread records each iteration's shape and wall time (step_log.py)."""
         self.engine = engine
         self._step_log = step_log
-        self._commands: queue.SimpleQueue[_Command | None] = queue.SimpleQueue()
+        self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -112,7 +73,7 @@ class AsyncLLM:
         self._submitted = 0
         self._applied = 0
         # At most one command taken off the queue mid-step and kept for after the step (None: shutdown).
-        self._deferred: list[_Command | None] = []
+        self._deferred: list[Command | None] = []
         self._holds = 0  # holds the engine thread has parked for (its step log skips the time)
         self._interrupts = StepInterrupts(poll=self._poll_adds, deliver=self._deliver_nested)
         # Replaced (one reference assignment) by the engine thread after its commands, each step and
@@ -143,7 +104,7 @@ class AsyncLLM:
         if self._thread is None:
             return
         for request_id in list(self._streams):
-            self._put(_Abort(request_id))
+            self._put(Abort(request_id))
         self._commands.put(None)
         await asyncio.to_thread(self._thread.join)
         self._thread = None
@@ -171,7 +132,7 @@ class AsyncLLM:
         finished = False
         try:
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
-            self._put(_Add(request_id, prompt, params, hints, time.monotonic(), done))
+            self._put(Add(request_id, prompt, params, hints, time.monotonic(), done))
             await asyncio.wrap_future(done)
             while True:
                 item = await stream.get()
@@ -193,7 +154,7 @@ class AsyncLLM:
         finally:
             self._streams.pop(request_id, None)
             if not finished:
-                self._put(_Abort(request_id))
+                self._put(Abort(request_id))
 
     async def wait_idle(self) -> None:
         """Return once the engine has nothing in flight (every request finished or aborted)."""
@@ -204,7 +165,7 @@ class AsyncLLM:
         result, or its exception raised here (the engine keeps running). EngineDeadError if it stopped."""
         self._check_alive()
         done: concurrent.futures.Future[T] = concurrent.futures.Future()
-        self._put(_Call(fn, done))
+        self._put(Call(fn, done))
         return await asyncio.wrap_future(done)
 
     @contextlib.asynccontextmanager
@@ -213,7 +174,7 @@ class AsyncLLM:
         for what not to await inside it); yields a HeldEngine to inspect or call it. Commands sent
         meanwhile are applied after the block. EngineDeadError if the engine stopped."""
         self._check_alive()
-        hold = _Hold(concurrent.futures.Future())
+        hold = Hold(concurrent.futures.Future())
         self._put(hold)
         try:
             await asyncio.wrap_future(hold.held)
@@ -225,7 +186,7 @@ class AsyncLLM:
     def abort(self, request_id: str) -> None:
         """Ask the engine to stop request_id before its next step; its stream ends with finish_reason abort.
         Call from the event loop's thread."""
-        self._put(_Abort(request_id))
+        self._put(Abort(request_id))
 
     def _check_alive(self) -> None:
         if self._dead is not None or self._thread is None:
@@ -233,7 +194,7 @@ class AsyncLLM:
                 f"engine is not running: {self._dead!r}" if self._dead else "engine not started"
             )
 
-    def _put(self, command: _Command) -> None:
+    def _put(self, command: Command) -> None:
         self._submitted += 1
         self._idle.clear()
         self._commands.put(command)
@@ -297,10 +258,10 @@ class AsyncLLM:
                 command = self._deferred.pop() if self._deferred else self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(command, _Add | _Call):
-                _settle(command.done, error=error)
-            elif isinstance(command, _Hold):
-                _settle(command.held, error=error)
+            if isinstance(command, Add | Call):
+                settle(command.done, error=error)
+            elif isinstance(command, Hold):
+                settle(command.held, error=error)
 
     def _poll_adds(self) -> None:
         """Between a running step's layers: apply the adds at the front of the queue, and stop at the
@@ -310,7 +271,7 @@ class AsyncLLM:
                 command = self._commands.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(command, _Add):
+            if isinstance(command, Add):
                 self._applied += 1
                 self._add(command)
             else:
@@ -319,7 +280,7 @@ class AsyncLLM:
     def _deliver_nested(self, outputs: list[RequestOutput]) -> None:
         self._deliver(outputs, False)
 
-    def _add(self, command: _Add) -> None:
+    def _add(self, command: Add) -> None:
         try:
             self.engine.add_request(
                 command.request_id,
@@ -328,9 +289,9 @@ class AsyncLLM:
                 hints=command.hints,
                 arrival_time=command.arrival_time,
             )
-            _settle(command.done, None)
+            settle(command.done, None)
         except Exception as exc:  # bad input: only this request fails
-            _settle(command.done, error=exc)
+            settle(command.done, error=exc)
 
     def _apply_commands(self, block: bool) -> bool:
         """Apply queued adds/aborts; False when shutdown was requested."""
@@ -345,11 +306,11 @@ class AsyncLLM:
             if command is None:
                 return False
             self._applied += 1
-            if isinstance(command, _Add):
+            if isinstance(command, Add):
                 self._add(command)
-            elif isinstance(command, _Call):
-                _run_call(self.engine, command)
-            elif isinstance(command, _Hold):
+            elif isinstance(command, Call):
+                run_call(self.engine, command)
+            elif isinstance(command, Hold):
                 self._hold(command)
             else:
                 final = self.engine.abort_request(command.request_id)
@@ -360,12 +321,12 @@ class AsyncLLM:
             except queue.Empty:
                 return True
 
-    def _hold(self, hold: _Hold) -> None:
+    def _hold(self, hold: Hold) -> None:
         """Park this thread, running hold's calls, until the holder releases it."""
         self._holds += 1
-        _settle(hold.held, None)
+        settle(hold.held, None)
         while (call := hold.calls.get()) is not None:
-            _run_call(self.engine, call)
+            run_call(self.engine, call)
 
     def _deliver(self, outputs: list[RequestOutput], idle: bool) -> None:
         assert self._loop is not None
@@ -396,29 +357,6 @@ def _log_iteration(step_log: StepLog | None, logged: tuple[StepShape, float]) ->
     shape, started = logged
     if step_log is not None and shape.batches:
         step_log.write_step(shape, time.perf_counter() - started)
-
-
-def _run_call(engine: LLMEngine, call: _Call) -> None:
-    """Run call.fn unless its caller was cancelled already (as an executor would); hand back its result."""
-    if not call.done.set_running_or_notify_cancel():
-        return
-    try:
-        result = call.fn(engine)
-    except Exception as exc:  # the caller's function failed, not the engine: hand it back
-        call.done.set_exception(exc)
-    else:
-        call.done.set_result(result)
-
-
-def _settle(
-    future: concurrent.futures.Future[Any], result: object = None, *, error: BaseException | None = None
-) -> None:
-    """Resolve future unless its awaiting caller was cancelled (a cancelled future refuses a result)."""
-    if future.set_running_or_notify_cancel():
-        if error is None:
-            future.set_result(result)
-        else:
-            future.set_exception(error)
 
 
 def _own_stream(device: torch.device) -> contextlib.AbstractContextManager[object]:

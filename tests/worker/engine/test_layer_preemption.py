@@ -12,8 +12,9 @@ import pytest
 
 from services.common.sampling import SamplingParams
 from services.common.workload import WorkloadClass
-from services.worker.engine.async_llm import AsyncLLM, _Abort, _Add
+from services.worker.engine.async_llm import AsyncLLM
 from services.worker.engine.config import EngineConfig
+from services.worker.engine.engine_commands import Abort, Add
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.outputs import RequestOutput
 from services.worker.engine.policy.classes import PolicyName, SchedulingHints
@@ -158,9 +159,9 @@ def test_polling_applies_adds_and_keeps_everything_after_another_command_in_orde
 ) -> None:
     llm = AsyncLLM(_engine(llama_gqa_dir))  # its thread is never started: the test plays the engine thread
     commands = [
-        _Add("a", [5, 6, 7], GREEDY, CHAT, 0.0, concurrent.futures.Future()),
-        _Abort("x"),
-        _Add("b", [5, 6, 8], GREEDY, CHAT, 0.0, concurrent.futures.Future()),
+        Add("a", [5, 6, 7], GREEDY, CHAT, 0.0, concurrent.futures.Future()),
+        Abort("x"),
+        Add("b", [5, 6, 8], GREEDY, CHAT, 0.0, concurrent.futures.Future()),
     ]
     for command in commands:
         llm._put(command)
