@@ -36,9 +36,17 @@ $(KERNEL_STAMP): $(KERNEL_SOURCES) $(STAMP)
 	$(PY) -m services.worker.models.cpu_kernels
 	touch $(KERNEL_STAMP)
 
-kernels: $(KERNEL_STAMP)
+# The placer's compiled pick (services/placer/pick/csrc), built with the system C compiler into
+# ~/.cache/hanzo; without one the placer ranks in numpy and says so.
+PICK_SOURCES := $(wildcard services/placer/pick/csrc/*.c) services/placer/pick/native.py
+PICK_STAMP := $(VENV)/.pick
+$(PICK_STAMP): $(PICK_SOURCES) $(STAMP)
+	$(PY) -c "from services.placer.pick import native; native.library()"
+	touch $(PICK_STAMP)
 
-setup: $(STAMP) $(GENERATED) $(KERNEL_STAMP) redis
+kernels: $(KERNEL_STAMP) $(PICK_STAMP)
+
+setup: $(STAMP) $(GENERATED) $(KERNEL_STAMP) $(PICK_STAMP) redis
 
 # The local stack and the tests start their own redis-server (Debian's package): installed here when
 # missing and we are root, else one line saying what to run.

@@ -9,7 +9,8 @@ the real path: one gRPC Heartbeat per worker and one StreamTelemetry sample per 
 measured, bench/placer_telemetry_load.py (its own process) writes GPU samples through
 ClusterStore.write_thermal at --telemetry-rate, so both placers apply that many pub/sub events per second.
 Measured: PlacerReplica.pick in-process (picks in ~2 ms bursts with an `await asyncio.sleep(0)` between, so
-the loop applies events), Pick over loopback gRPC (serial, then 32 in flight), and bench/placer_naive.py.
+the loop applies events) with the compiled pick and, in alternating quarters, with numpy's; Pick over
+loopback gRPC (serial, then 32 in flight); and bench/placer_naive.py.
 Then the floor under the gRPC figures: the same 32 callers against bench/placer_floor.py, a server built
 as the placer's whose Pick does no work (one fixed reply), on the placer's core.
 """
@@ -147,15 +148,19 @@ async def run(args: argparse.Namespace, workdir: Path, result: dict[str, object]
             children.append(load)
             await asyncio.sleep(1.0)  # the load settles into its rate
 
-            timed, events, rescored = await inprocess.measure(requests, sizes["inprocess_s"])
+            timed, numpy_timed, events, rescored = await inprocess.measure(requests, sizes["inprocess_s"])
             result.update(
                 pick_us_p50=round(timed.percentile_us(50), 1),
                 pick_us_p99=round(timed.percentile_us(99), 1),
                 pick_us_max=round(float(timed.latencies_us.max()), 1),
                 picks=timed.calls,
                 picks_per_s=round(timed.per_s),
+                pick_numpy_us_p50=round(numpy_timed.percentile_us(50), 1),
+                pick_numpy_us_p99=round(numpy_timed.percentile_us(99), 1),
+                compiled_speedup_p50=round(numpy_timed.percentile_us(50) / timed.percentile_us(50), 2),
+                compiled_speedup_p99=round(numpy_timed.percentile_us(99) / timed.percentile_us(99), 2),
                 events_applied=events,
-                events_applied_per_s=round(events / timed.wall_s),
+                events_applied_per_s=round(events / (timed.wall_s + numpy_timed.wall_s)),
                 **rescored,
             )
             log(f"in-process: {timed.calls} picks, p50 {timed.percentile_us(50):.0f} us, {events} events")

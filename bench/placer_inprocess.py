@@ -8,6 +8,8 @@ import statistics
 import time
 from collections.abc import Sequence
 
+import numpy as np
+
 from bench.placer_measure import Timed, inprocess_picks
 from bench.placer_naive import NaivePicker
 from hanzo.inference.v1 import placer_pb2
@@ -104,18 +106,31 @@ class InProcessPlacer:
 
     async def measure(
         self, requests: Sequence[placer_pb2.PickRequest], duration_s: float
-    ) -> tuple[Timed, int, float]:
-        """PlacerReplica.pick (what the Pick RPC runs) for duration_s (after a warm-up), how many pub/sub
-        thermal events the view applied meanwhile, and how many rows the picker rescored: per pick, and
-        how many picks rescored every row."""
+    ) -> tuple[Timed, Timed, int, dict[str, float]]:
+        """PlacerReplica.pick (what the Pick RPC runs) for duration_s with the compiled pick and as long
+        with numpy's (the same decisions; a fresh Picker for each, warmed up), in alternating quarters so
+        that both see the same drift; how many pub/sub thermal events the view applied meanwhile, and
+        how many rows the compiled picker rescored: per pick, and how many picks rescored every row."""
         replica = self.app.replica
-        await inprocess_picks(replica.pick, requests, 0.5, BURST_S)
+        weights = ClassWeights.from_config(self.app.settings.class_weights)
+        pickers = {True: Picker(weights, compiled=True), False: Picker(weights, compiled=False)}
+        latencies: dict[bool, list[Timed]] = {True: [], False: []}
         before = self.events
-        full, rows = replica.picker.full_rescores, replica.picker.rows_rescored
-        timed = await inprocess_picks(replica.pick, requests, duration_s, BURST_S)
-        full, rows = replica.picker.full_rescores - full, replica.picker.rows_rescored - rows
-        rescored = {"rows_rescored_per_pick": round(rows / max(timed.calls, 1), 1), "full_rescores": full}
-        return timed, self.events - before, rescored
+        full = rows = 0
+        for quarter in range(4):
+            compiled = quarter % 2 == 0
+            replica.picker = pickers[compiled]
+            await inprocess_picks(replica.pick, requests, 0.25, BURST_S)  # the tables catch up
+            start_full, start_rows = replica.picker.full_rescores, replica.picker.rows_rescored
+            latencies[compiled].append(await inprocess_picks(replica.pick, requests, duration_s / 2, BURST_S))
+            if compiled:
+                full += replica.picker.full_rescores - start_full
+                rows += replica.picker.rows_rescored - start_rows
+        timed = {c: Timed(np.concatenate([t.latencies_us for t in runs]), sum(t.wall_s for t in runs))
+                 for c, runs in latencies.items()}  # fmt: skip
+        per_pick = round(rows / max(timed[True].calls, 1), 1)
+        rescored = {"rows_rescored_per_pick": per_pick, "full_rescores": full}
+        return timed[True], timed[False], self.events - before, rescored
 
     async def stop(self) -> None:
         await self.app.stop(grace_s=0.5)

@@ -25,6 +25,7 @@ from services.common.workload import WorkloadClass
 from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.pick import nvml_bits
 from services.placer.pick.filters import DEFAULT_FILTERS, Filter, Rows
+from services.placer.pick.native_rows import NativeRows, is_topology
 from services.placer.pick.query import PickContext, PickQuery
 from services.placer.pick.scorers import DEFAULT_SCORERS, RequestScorer, RowScorer, Scorer, clamp_scores
 from services.placer.pick.table import RowTable
@@ -85,13 +86,15 @@ class Picker:
         avoid_degraded: frozenset[WorkloadClass] = DEFAULT_AVOID_DEGRADED,
         default_slowdown_c: float = nvml_bits.DEFAULT_SLOWDOWN_TEMPERATURE_C,
         incremental: bool = True,
+        compiled: bool = True,
     ) -> None:
         """Raises ValueError if weights name a scorer not in scorers or hold a negative weight.
 
         near_slowdown_band_c: a GPU this many degrees C below its slowdown threshold, or hotter, counts as
         degraded for the classes in avoid_degraded, like one whose thermal or power slowdown bits are set.
         incremental=False rescores every row on every pick: the same decisions, slower (the reference
-        the tests and the placer bench compare against).
+        the tests and the placer bench compare against). compiled=False keeps every table in numpy even
+        where the compiled pick (native.py) could serve its filters and scorers: the same decisions.
         """
         if prefix_capacity < 0:
             raise ValueError(f"prefix_capacity must be >= 0, got {prefix_capacity}")
@@ -105,6 +108,7 @@ class Picker:
         self._avoid_degraded = avoid_degraded
         self._default_slowdown_c = default_slowdown_c
         self._incremental = incremental
+        self._compiled = compiled
         self._tables: dict[tuple[str, WorkloadClass], RowTable] = {}
         self._buffers: dict[str, np.ndarray] = {}  # reused per pick, so a pick allocates nothing fleet-sized
         self.full_rescores = 0  # refreshes that rescored every row
@@ -122,14 +126,26 @@ class Picker:
             self.full_rescores += 1
         else:
             self.rows_rescored += rescored
-        totals, written, excluded = self._totals(snapshot, query, plan, table)
-        considered = table.count - excluded
+        excluded_rows = sorted({r for r in map(snapshot.row_of.get, query.exclude) if r is not None})
+        considered = table.count - sum(bool(table.passed[r]) for r in excluded_rows)
         if considered <= 0:
-            self._clear(written)
             logger.debug("pick %s/%s: no candidate passed", query.model, query.workload_class.name)
             return None
         runners_up = max(query.explain_top, 0)
-        leaders, ties = _leaders(totals, runners_up, considered, 2 * plan.weight_sum + 1.0)
+        written: dict[str, np.ndarray] = {}
+        context = PickContext(prefix_row=self._prefix_row(snapshot, query.prefix_hash))
+        topology = None  # the compiled ranking's topology score per leader
+        if table.native is not None:
+            leader_totals, leaders, ties = table.native.rank(
+                snapshot, query, plan.request,
+                lambda name, scorer: self._request_scores(name, scorer, snapshot, query, context, written),
+                excluded_rows, TIE_TOLERANCE, runners_up,
+            )  # fmt: skip
+            topology = table.native.topology
+        else:
+            totals = self._totals(snapshot, query, plan, table, context, excluded_rows, written)
+            leaders, ties = _leaders(totals, runners_up, considered, 2 * plan.weight_sum + 1.0)
+            leader_totals = totals[leaders]
         ranked = time.perf_counter_ns()
         position = self._draw(ties) if ties > 1 else 0
         row = int(leaders[position])
@@ -137,8 +153,13 @@ class Picker:
         assert node_id is not None  # live rows always have an id
         self._remember(query.prefix_hash, node_id)
         others = [i for i in range(min(runners_up + 1, len(leaders))) if i != position]
-        shown = [int(leaders[i]) for i in [position, *others[:runners_up]]]
-        candidates = [self._explain(snapshot, plan, table, written, totals, r) for r in shown]
+        shown = [position, *others[:runners_up]]
+        candidates = [
+            self._explain(
+                snapshot, plan, table, written, int(leaders[i]), float(leader_totals[i]), topology, i
+            )
+            for i in shown
+        ]
         self._clear(written)
         done = time.perf_counter_ns()
         result = PickResult(
@@ -165,45 +186,67 @@ class Picker:
         table = self._tables.get(key)
         if table is None:
             avoid = query.workload_class in self._avoid_degraded
+            scorers = [scorer for _, scorer, _ in plan.row]
+            weights = [weight for _, _, weight in plan.row]
+            penalty = plan.weight_sum + 1.0  # larger than any total
+            native = None
+            if self._compiled:
+                degraded = (self._near_band_c, self._default_slowdown_c) if avoid else None
+                native = NativeRows.create(
+                    query.model, query.workload_class, self._filters, scorers, weights, degraded, penalty,
+                    len(plan.request),
+                )  # fmt: skip
             table = self._tables[key] = RowTable(
-                self._filters,
-                [scorer for _, scorer, _ in plan.row],
-                [weight for _, _, weight in plan.row],
-                self._degraded if avoid else None,
-                plan.weight_sum + 1.0,  # larger than any total
+                self._filters, scorers, weights, self._degraded if avoid else None, penalty, native
             )
         return table
 
     def _totals(
-        self, snapshot: ClusterSnapshot, query: PickQuery, plan: _Plan, table: RowTable
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], int]:
-        """(every row's total for this request; the rows each request scorer wrote, its clamped values
-        left in its buffer until _clear; how many passed rows query.exclude took out). The table's base
-        itself when the request adds nothing; otherwise a reused buffer."""
+        self,
+        snapshot: ClusterSnapshot,
+        query: PickQuery,
+        plan: _Plan,
+        table: RowTable,
+        context: PickContext,
+        excluded_rows: list[int],
+        written: dict[str, np.ndarray],
+    ) -> np.ndarray:
+        """Every row's total for this request, -inf on excluded_rows; the rows each request scorer wrote
+        go into written, its clamped values left in its buffer until _clear. The table's base itself
+        when the request adds nothing; otherwise a reused buffer."""
         n = snapshot.num_rows
-        written: dict[str, np.ndarray] = {}
-        if plan.request:
-            context = PickContext(prefix_row=self._prefix_row(snapshot, query.prefix_hash))
-            for name, scorer, _ in plan.request:
-                out = self._buffer(name, snapshot)[:n]  # all 0 between picks (see _clear)
-                rows = scorer.score(snapshot, query, context, out)
-                if rows is not None and rows.size:
-                    out[rows] = clamp_scores(out[rows])  # read after every write: the last one counts
-                    written[name] = rows
-        excluded_rows = [r for r in map(snapshot.row_of.get, query.exclude) if r is not None]
+        for name, scorer, _ in plan.request:
+            self._request_scores(name, scorer, snapshot, query, context, written)
         if not written and not excluded_rows:
-            return table.base[:n], written, 0
+            return table.base[:n]
         totals = self._buffer(" totals", snapshot)[:n]
         np.copyto(totals, table.base[:n])
         for name, _, weight in plan.request:
             rows = written.get(name)
             if rows is not None:
                 totals[rows] += self._buffers[name][rows] * weight  # a repeated row adds once
-        excluded = 0
-        for row in set(excluded_rows):
-            excluded += bool(table.passed[row])
-            totals[row] = -np.inf
-        return totals, written, excluded
+        totals[excluded_rows] = -np.inf
+        return totals
+
+    def _request_scores(
+        self,
+        name: str,
+        scorer: RequestScorer,
+        snapshot: ClusterSnapshot,
+        query: PickQuery,
+        context: PickContext,
+        written: dict[str, np.ndarray],
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Run one request scorer into its buffer (all 0 before, see _clear) and clamp what it wrote:
+        (the whole buffer, the rows it wrote or None); the rows also go into written."""
+        buffer = self._buffer(name, snapshot)
+        out = buffer[: snapshot.num_rows]
+        rows = scorer.score(snapshot, query, context, out)
+        if rows is None or not rows.size:
+            return buffer, None
+        out[rows] = clamp_scores(out[rows])  # read after every write: the last one counts
+        written[name] = rows
+        return buffer, rows
 
     def _clear(self, written: dict[str, np.ndarray]) -> None:
         """Zero what request scorers wrote, so their buffers are all 0 for the next pick."""
@@ -222,14 +265,21 @@ class Picker:
         plan: _Plan,
         table: RowTable,
         written: dict[str, np.ndarray],
-        totals: np.ndarray,
         row: int,
+        total: float,
+        topology: np.ndarray | None,
+        leader: int,
     ) -> Candidate:
-        scores = {name: float(table.scores[i, row]) for i, (name, _, _) in enumerate(plan.row)}
-        for name, _, _ in plan.request:
-            scores[name] = float(self._buffers[name][row]) if name in written else 0.0
+        """row's scores and total; topology: the compiled ranking's topology score per leader (row is
+        leaders[leader])."""
+        scores = dict(zip([name for name, _, _ in plan.row], table.scores[:, row].tolist(), strict=True))
+        for name, scorer, _ in plan.request:
+            if topology is not None and is_topology(scorer):
+                scores[name] = float(topology[leader])
+            else:
+                scores[name] = float(self._buffers[name][row]) if name in written else 0.0
         ordered = {name: scores[name] for name in plan.names}
-        return Candidate(snapshot.node_ids[row] or "", float(totals[row]), ordered)
+        return Candidate(snapshot.node_ids[row] or "", total, ordered)
 
     def _draw(self, n: int) -> int:
         """A uniform index in [0, n)."""
@@ -284,8 +334,9 @@ def _plan_of(weights: ClassWeights, scorers: dict[str, Scorer], workload_class: 
 
 
 def _leaders(totals: np.ndarray, runners_up: int, finite: int, spread: float) -> tuple[np.ndarray, int]:
-    """(rows, how many of them tie with the best). The ties (within TIE_TOLERANCE) come first; if there are
-    at most runners_up of them, the next best follow, up to runners_up + 1 in all.
+    """(rows, how many of them tie with the best, within TIE_TOLERANCE). More than runners_up ties: the
+    ties, in row order. Otherwise the best runners_up + 1 rows by total, equal totals in row order (the
+    ties come first).
 
     finite: how many totals are not -inf (rows that passed); spread: more than any two finite totals can
     differ. Ties are not sorted: in a cluster of identical idle nodes they can be every candidate. The
@@ -304,8 +355,11 @@ def _leaders(totals: np.ndarray, runners_up: int, finite: int, spread: float) ->
         near = np.flatnonzero(totals >= best - band)
     values = -totals[near]
     if near.size > 4 * wanted:  # a wide band at fleet scale: partition before sorting
-        top = np.argpartition(values, wanted - 1)[:wanted]
-        near, values = near[top], values[top]
-    order = np.argsort(values, kind="stable")
-    # Ties sort first (every other total is lower by more than TIE_TOLERANCE).
+        # Every row as good as the wanted-th stays, so that which of equal rows make it is not left to
+        # the partition's order.
+        kept = values <= np.partition(values, wanted - 1)[wanted - 1]
+        near, values = near[kept], values[kept]
+    # Best first, equal totals in row order (the compiled ranking's order too); ties sort first, as
+    # every other total is lower by more than TIE_TOLERANCE.
+    order = np.lexsort((near, values))
     return near[order][:wanted], int(ties.size)

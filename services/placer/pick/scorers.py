@@ -5,8 +5,9 @@
   values per model and class and rescores only the rows written since, so reading anything else from
   the query would be a bug;
 - a RequestScorer depends on the request itself (the caller's topology, the prompt's prefix): it runs
-  on every pick, writing into `out` (float[num_rows], all 0) and returning the rows it wrote (repeats
-  allowed, the last write counting) or None, so a pick touches only the rows a request favours.
+  on every pick, writing into `out` (float[num_rows], all 0) and returning the rows it wrote (row
+  indices in [0, num_rows), repeats allowed, the last write counting) or None, so a pick touches only
+  the rows a request favours.
 
 Scorers are pure: they read the snapshot's columns, the query and the framework-resolved context, and
 change nothing else. The framework clamps their output to [0, 1] (NaN becomes 0), weights it per

@@ -15,6 +15,7 @@ import numpy as np
 
 from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.pick.filters import Filter, Rows, all_rows, verdict
+from services.placer.pick.native_rows import NativeRows
 from services.placer.pick.query import PickQuery
 from services.placer.pick.scorers import RowScorer, clamp_scores
 
@@ -38,15 +39,18 @@ class RowTable:
         weights: Sequence[float],
         degraded: Degraded | None,
         degraded_penalty: float,
+        native: NativeRows | None = None,
     ) -> None:
         """degraded: per row, whether the node is a last resort (None: the class never avoids one);
         degraded_penalty is subtracted from a degraded row's total, more than any total can be, so a
-        degraded node wins only when every candidate is degraded."""
+        degraded node wins only when every candidate is degraded. native: the same filters, scorers and
+        degraded test compiled (native_rows.py), which then does the rescoring."""
         self._filters = tuple(filters)
         self._scorers = tuple(scorers)
         self._weights = tuple(float(w) for w in weights)  # [S]
         self._degraded_of = degraded
         self._penalty = degraded_penalty
+        self.native = native
         self._snapshot: ClusterSnapshot | None = None
         self._epoch = -1
         self._position = 0  # the snapshot's write_position when last refreshed
@@ -73,9 +77,10 @@ class RowTable:
             return snapshot.num_rows
         rescored = 0
         if written:
-            rows = np.unique(np.array(written, dtype=np.intp))
+            # C takes repeats as they come; numpy's fancy indexing needs each row once.
+            rows = written if self.native else np.unique(np.array(written, dtype=np.intp))
             self._rescore(snapshot, query, rows)
-            rescored = rows.size
+            rescored = len(rows)
         if now >= self.valid_until_s:
             n = snapshot.num_rows
             expired = np.flatnonzero(self.passed[:n] & (snapshot.deadline_s[:n] <= now))
@@ -92,6 +97,8 @@ class RowTable:
             self.degraded = np.zeros(capacity, dtype=bool)
             self.base = np.full(capacity, -np.inf)
             self.scores = np.zeros((len(self._scorers), capacity))
+        if self.native is not None:
+            self.native.bind(snapshot, self.passed, self.degraded, self.base, self.scores)
         self._snapshot = snapshot
         self._epoch = snapshot.epoch
         self.passed[:] = False
@@ -99,8 +106,17 @@ class RowTable:
         self.valid_until_s = float("inf")
         self._rescore(snapshot, query, all_rows(snapshot))
 
-    def _rescore(self, snapshot: ClusterSnapshot, query: PickQuery, rows: Rows) -> None:
-        """Rows (a slice, or unique row indices) rescored for query's model and class at query.now_s."""
+    def _rescore(self, snapshot: ClusterSnapshot, query: PickQuery, rows: Rows | list[int]) -> None:
+        """Rows (a slice, or unique row indices; repeats allowed when native) rescored for query's model
+        and class at query.now_s."""
+        if self.native is not None:
+            indices = None if isinstance(rows, slice) else rows
+            delta, self.valid_until_s = self.native.rescore(
+                indices, snapshot.num_rows, query.now_s, self.valid_until_s
+            )
+            self.count += delta
+            return
+        assert not isinstance(rows, list)
         ok = verdict(snapshot, query, self._filters, rows)
         values = np.empty((len(self._scorers), ok.size))
         for i, scorer in enumerate(self._scorers):

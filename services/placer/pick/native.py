@@ -1,0 +1,155 @@
+"""The pick's compiled path (csrc/pick_rows.c): built once per source and machine, loaded with ctypes.
+
+At 8,000 workers a pick rescores a few dozen rows and ranks every row; in numpy each of those steps is
+about a hundred calls of a microsecond, whatever the row count, and that per-call cost was most of a
+pick. The C path runs the same formulas in two calls. It serves only the standard filters and row
+scorers (filters.py, scorers.py), recognised by identity with their configs read off; any other filter
+or scorer keeps the numpy path, which stays the reference the tests compare against.
+
+Built with the system C compiler into ~/.cache/hanzo (XDG_CACHE_HOME), named by a hash of the source
+and flags; `make setup` builds it, so a placer only loads it. Where it cannot be built (no compiler, or
+HANZO_PLACER_NATIVE=0), the Picker keeps numpy and the reason is logged once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+ENV_SWITCH = "HANZO_PLACER_NATIVE"  # "0": numpy only
+_SOURCE = Path(__file__).with_name("csrc") / "pick_rows.c"
+# -ffp-contract=off: no fused multiply-add, so totals round as numpy's separate multiply and add do.
+_CFLAGS = ["-O3", "-shared", "-fPIC", "-ffp-contract=off", "-fno-fast-math"]
+MAX_SCORERS = 8  # csrc/pick_rows.c: MAX_SCORERS, MAX_REQUEST
+MAX_REQUEST = 4
+
+_ptr = ctypes.c_void_p
+_i64 = ctypes.c_int64
+_f64 = ctypes.c_double
+_COLUMN_NAMES = (
+    *("live", "draining", "has_thermal", "resident", "host_copy"),
+    *("deadline_s", "running", "waiting", "max_running", "batch_running", "batch_waiting", "kv_usage"),
+    *("memory_free_bytes", "temperature_c", "slowdown_c", "shutdown_c", "trend", "reasons"),
+    *("zone", "rack", "host"),
+)
+_TABLE_CONSTANTS = (
+    *("penalty", "near_band_c", "degraded_slowdown_c", "kv_full_fraction", "shutdown_margin_c"),
+    *("span_c", "horizon_s", "scorer_slowdown_c", "no_sample", "batch_kv"),
+)
+
+
+class Columns(ctypes.Structure):
+    """csrc/pick_rows.c's Columns: the snapshot's columns and one model's residency."""
+
+    _fields_ = [
+        *[(name, _ptr) for name in _COLUMN_NAMES],
+        ("weight_bytes", _f64),
+    ]
+
+
+class Table(ctypes.Structure):
+    """csrc/pick_rows.c's Table: a RowTable's arrays, scorers and constants."""
+
+    _fields_ = [
+        ("passed", _ptr),
+        ("degraded", _ptr),
+        ("seen", _ptr),
+        ("base", _ptr),
+        ("scores", _ptr),
+        ("capacity", _i64),
+        ("n_scorers", _i64),
+        ("scorer", _i64 * MAX_SCORERS),
+        ("weight", _f64 * MAX_SCORERS),
+        ("batch", _i64),
+        *[(name, _f64) for name in _TABLE_CONSTANTS],
+    ]
+
+
+class Request(ctypes.Structure):
+    """csrc/pick_rows.c's Request: one pick's request scorers, exclusions and the ranking's scratch."""
+
+    _fields_ = [
+        ("n_request", _i64),
+        ("kind", _i64 * MAX_REQUEST),
+        ("weight", _f64 * MAX_REQUEST),
+        ("rows", _ptr * MAX_REQUEST),
+        ("n_rows", _i64 * MAX_REQUEST),
+        ("values", _ptr * MAX_REQUEST),
+        ("zone", ctypes.c_int32),
+        ("rack", ctypes.c_int32),
+        ("host", ctypes.c_int32),
+        ("labelled", _ptr * 3),
+        ("n_labelled", _i64 * 3),
+        ("excluded", _ptr),
+        ("n_excluded", _i64),
+        *[(name, _ptr) for name in ("touched", "seen", "adjusted", "touched_rows")],
+    ]
+
+
+TOPOLOGY, SPARSE = 0, 1  # Request.kind
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled pick, or None where it is unavailable (the reason logged once)."""
+    return _library()
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    try:
+        lib = ctypes.CDLL(str(build()))
+    except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
+        log.warning("compiled pick unavailable, the placer ranks in numpy: %s", err)
+        return None
+    lib.rescore_rows.restype = _i64
+    lib.rescore_rows.argtypes = [_ptr, _ptr, _ptr, _i64, _f64, _ptr]
+    lib.rank_rows.restype = _i64
+    lib.rank_rows.argtypes = [_ptr, _ptr, _i64, _ptr, _f64, _i64, _ptr, _ptr, _ptr, _ptr]
+    return lib
+
+
+def build() -> Path:
+    """The shared library for this source, flags and machine, compiling it if it is not cached yet."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise RuntimeError("no C compiler (cc or gcc) on PATH")
+    source = _SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join([*_CFLAGS, platform.machine()]).encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hanzo"
+    target = cache / f"placer_pick_{key}.so"
+    if target.exists():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    # Built beside the target and renamed: processes building at once never load half a file.
+    with tempfile.TemporaryDirectory(dir=cache) as scratch:
+        partial = Path(scratch) / target.name
+        subprocess.run(
+            [compiler, *_CFLAGS, "-o", str(partial), str(_SOURCE), "-lm"],
+            check=True,
+            capture_output=True,
+        )
+        os.replace(partial, target)
+    return target
+
+
+def address(array: object) -> int:
+    """Address of a numpy array's first element (the array must be contiguous and outlive its use)."""
+    return array.ctypes.data  # type: ignore[attr-defined]
+
+
+def pack(values: Sequence[float | int], kind: type, length: int) -> ctypes.Array:  # type: ignore[type-arg]
+    """values as a ctypes array of kind and length (the rest zero)."""
+    return (kind * length)(*values)
