@@ -62,12 +62,14 @@ class PickResult:
 
 class _Plan(NamedTuple):
     """One class's scorers with a nonzero weight, resolved once: names in weight order, the row scorers
-    (kept in the RowTable) and the request scorers (run per pick) with their weights."""
+    (kept in the RowTable) and the request scorers (run per pick) with their weights, and the row
+    scorers' names alone."""
 
     names: list[str]
     row: list[tuple[str, RowScorer, float]]
     request: list[tuple[str, RequestScorer, float]]
     weight_sum: float
+    row_names: list[str]
 
 
 class Picker:
@@ -154,12 +156,7 @@ class Picker:
         self._remember(query.prefix_hash, node_id)
         others = [i for i in range(min(runners_up + 1, len(leaders))) if i != position]
         shown = [position, *others[:runners_up]]
-        candidates = [
-            self._explain(
-                snapshot, plan, table, written, int(leaders[i]), float(leader_totals[i]), topology, i
-            )
-            for i in shown
-        ]
+        candidates = self._explain(snapshot, plan, table, written, leaders, leader_totals, topology, shown)
         self._clear(written)
         done = time.perf_counter_ns()
         result = PickResult(
@@ -265,21 +262,29 @@ class Picker:
         plan: _Plan,
         table: RowTable,
         written: dict[str, np.ndarray],
-        row: int,
-        total: float,
+        leaders: np.ndarray,
+        leader_totals: np.ndarray,
         topology: np.ndarray | None,
-        leader: int,
-    ) -> Candidate:
-        """row's scores and total; topology: the compiled ranking's topology score per leader (row is
-        leaders[leader])."""
-        scores = dict(zip([name for name, _, _ in plan.row], table.scores[:, row].tolist(), strict=True))
+        shown: list[int],
+    ) -> list[Candidate]:
+        """The leaders at positions shown, with their totals and scores; topology: the compiled
+        ranking's topology score per leader. Gathered for all of them at once: this runs every pick."""
+        rows = leaders[shown]
+        row_values = table.scores[:, rows].T.tolist()
+        columns: dict[str, list[float]] = {}
         for name, scorer, _ in plan.request:
             if topology is not None and is_topology(scorer):
-                scores[name] = float(topology[leader])
+                columns[name] = topology[shown].tolist()
             else:
-                scores[name] = float(self._buffers[name][row]) if name in written else 0.0
-        ordered = {name: scores[name] for name in plan.names}
-        return Candidate(snapshot.node_ids[row] or "", total, ordered)
+                columns[name] = self._buffers[name][rows].tolist() if name in written else [0.0] * len(shown)
+        candidates = []
+        for j, (row, total) in enumerate(zip(rows.tolist(), leader_totals[shown].tolist(), strict=True)):
+            scores = dict(zip(plan.row_names, row_values[j], strict=True))
+            for name, values in columns.items():
+                scores[name] = values[j]
+            ordered = {name: scores[name] for name in plan.names}
+            candidates.append(Candidate(snapshot.node_ids[row] or "", total, ordered))
+        return candidates
 
     def _draw(self, n: int) -> int:
         """A uniform index in [0, n)."""
@@ -330,7 +335,8 @@ def _plan_of(weights: ClassWeights, scorers: dict[str, Scorer], workload_class: 
                 request.append((name, scorer, float(weight)))
             else:
                 row.append((name, scorer, float(weight)))
-    return _Plan(names, row, request, sum(w for _, _, w in row) + sum(w for _, _, w in request))
+    weight_sum = sum(w for _, _, w in row) + sum(w for _, _, w in request)
+    return _Plan(names, row, request, weight_sum, [name for name, _, _ in row])
 
 
 def _leaders(totals: np.ndarray, runners_up: int, finite: int, spread: float) -> tuple[np.ndarray, int]:
