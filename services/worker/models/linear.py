@@ -30,7 +30,10 @@ from torch import nn
 log = logging.getLogger(__name__)
 
 _ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-_PACKABLE = (torch.float32, torch.bfloat16)
+# oneDNN's bfloat16 path needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT; without them packing raises, and
+# bfloat16 weights keep F.linear.
+_BF16 = _ONEDNN and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+_PACKABLE = (torch.float32, torch.bfloat16) if _BF16 else (torch.float32,)
 PACK_ROWS = 16  # the row count oneDNN is told to expect: decode steps, where packing pays most
 
 
@@ -48,7 +51,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def packable(weight: torch.Tensor) -> bool:
-    """True for a 2-D float32 / bfloat16 weight on CPU where torch has oneDNN."""
+    """True for a 2-D float32 weight on CPU where torch has oneDNN, or bfloat16 where this CPU runs
+    oneDNN's bfloat16 path."""
     return _ONEDNN and weight.device.type == "cpu" and weight.dim() == 2 and weight.dtype in _PACKABLE
 
 
