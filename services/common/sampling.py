@@ -20,6 +20,14 @@ class SamplingParams:
     ignore_eos: keep generating past the model's EOS ids. min_tokens: until this many new tokens exist,
     neither an EOS id nor a stop_token_ids id is sampled (so neither can end the output); stop strings
     still apply, as in vLLM.
+
+    Logit controls, applied in this order before temperature, as vLLM and OpenAI define them:
+    logit_bias: (token id, bias in [-100, 100]) pairs added to those logits. repetition_penalty > 0
+    (1: none): a logit of any token already in the prompt or the output is divided by it where
+    positive, multiplied where negative (transformers' and vLLM's rule). frequency_penalty and
+    presence_penalty in [-2, 2] (0: none): a logit drops by frequency_penalty x how often the token is in
+    the output so far, plus presence_penalty if it is there at all (the prompt does not count). Then,
+    after temperature, min_p in [0, 1] (0: none) drops tokens less likely than min_p x the likeliest.
     """
 
     temperature: float = 1.0
@@ -31,11 +39,22 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         # Lists are accepted for convenience and frozen into tuples so params can be shared safely.
         object.__setattr__(self, "stop", tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        bias = self.logit_bias.items() if isinstance(self.logit_bias, dict) else self.logit_bias
+        try:
+            object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in bias))
+        except (TypeError, ValueError):
+            raise InvalidArgument("logit_bias", "must map token ids (integers) to biases (numbers)") from None
+        self._check_logit_controls()
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidArgument("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
@@ -54,6 +73,35 @@ class SamplingParams:
         if any(t < 0 for t in self.stop_token_ids):
             raise InvalidArgument("stop_token_ids", "token ids must be >= 0")
 
+    def _check_logit_controls(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -2.0 <= value <= 2.0:
+                raise InvalidArgument(name, f"must be in [-2, 2] (0: none), got {value}")
+        if not self.repetition_penalty > 0.0 or self.repetition_penalty == float("inf"):
+            raise InvalidArgument(
+                "repetition_penalty", f"must be a finite number > 0 (1: none), got {self.repetition_penalty}"
+            )
+        if not 0.0 <= self.min_p <= 1.0:
+            raise InvalidArgument("min_p", f"must be in [0, 1] (0: none), got {self.min_p}")
+        for token, bias in self.logit_bias:
+            if token < 0:
+                raise InvalidArgument("logit_bias", f"token ids must be >= 0, got {token}")
+            if not -100.0 <= bias <= 100.0:
+                raise InvalidArgument(
+                    "logit_bias", f"biases must be in [-100, 100], got {bias} for token {token}"
+                )
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether a penalty needs the tokens seen so far (the sampler then keeps their counts)."""
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether any logit control is on: a batch where no row sets one skips them all."""
+        return self.penalized or bool(self.logit_bias) or self.min_p > 0.0

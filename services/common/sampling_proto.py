@@ -14,8 +14,12 @@ def sampling_params(proto: inference_pb2.SamplingParams) -> SamplingParams:
         "stop_token_ids": tuple(proto.stop_token_ids),
         "ignore_eos": proto.ignore_eos,
         "min_tokens": proto.min_tokens,
+        "presence_penalty": proto.presence_penalty,
+        "frequency_penalty": proto.frequency_penalty,
+        "min_p": proto.min_p,
+        "logit_bias": tuple(sorted(proto.logit_bias.items())),  # a map's order is not the wire's
     }
-    for name in ("temperature", "top_p", "max_tokens", "seed"):
+    for name in ("temperature", "top_p", "max_tokens", "seed", "repetition_penalty"):
         if proto.HasField(name):
             kwargs[name] = getattr(proto, name)
     if proto.HasField("top_k") and proto.top_k > 0:

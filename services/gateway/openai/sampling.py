@@ -8,8 +8,6 @@ from services.gateway.classify import from_name
 from services.gateway.openai.errors import invalid
 from services.gateway.openai.schemas import SamplingFields
 
-# Fields that change the answer and that the engine does not implement, with their neutral values.
-_NEUTRAL = {"presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0}
 _SEED_MASK = 2**64 - 1  # the proto's seed is unsigned; OpenAI's may be negative
 
 
@@ -18,12 +16,6 @@ def fill_generate(
 ) -> None:
     """Set request's sampling, tenant and workload class from body. max_tokens: the output budget the
     endpoint resolved (None: the worker's default). HttpError (400) for what cannot be served."""
-    for field, neutral in _NEUTRAL.items():
-        value = getattr(body, field)
-        if value is not None and value != neutral:
-            raise invalid(field, f"is not supported by this server; leave it unset or {neutral}")
-    if body.logit_bias:
-        raise invalid("logit_bias", "is not supported by this server")
     if body.n is not None and body.n != 1:
         raise invalid("n", "only 1 choice per request is supported; send several requests instead")
     if body.stream_options is not None and not body.stream:
@@ -45,10 +37,28 @@ def fill_generate(
         sampling.stop_token_ids.extend(body.stop_token_ids)
     sampling.ignore_eos = body.ignore_eos
     sampling.min_tokens = body.min_tokens
+    _fill_logit_controls(body, sampling)
     if body.user:
         request.tenant = body.user  # OpenAI's end-user id: the engine shares a class's seats by tenant
     if body.workload_class:
         request.workload_class = int(from_name(body.workload_class, "workload_class"))
+
+
+def _fill_logit_controls(body: SamplingFields, sampling: inference_pb2.SamplingParams) -> None:
+    """Penalties, min_p and logit_bias; their ranges are checked with the rest of the sampling fields
+    (services/common/sampling.py), so both APIs refuse the same values with the same message."""
+    for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"):
+        value = getattr(body, name)
+        if value is not None:
+            setattr(sampling, name, value)
+    for key, bias in (body.logit_bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise invalid("logit_bias", f"keys are token ids, got {key!r}") from None
+        if not 0 <= token < 2**32:
+            raise invalid("logit_bias", f"token ids must be in [0, 2^32), got {token}")
+        sampling.logit_bias[token] = bias
 
 
 def include_usage(body: SamplingFields) -> bool:

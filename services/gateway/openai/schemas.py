@@ -1,7 +1,7 @@
 """Request and reply bodies of the OpenAI-compatible API, as pydantic models (OpenAI's field names).
 
 Requests ignore fields they do not know, as OpenAI's and vLLM's servers do; fields the mesh knows but
-cannot honour (penalties, logprobs, n > 1, ...) are declared so that a request setting them gets a 400
+cannot honour (logprobs, n > 1, ...) are declared so that a request setting them gets a 400
 naming the field instead of a silently different answer (sampling.py checks them). Replies are built
 with model_construct from values the gateway made itself, so nothing is validated twice.
 """
@@ -41,11 +41,11 @@ class SamplingFields(_Request):
     stream: bool = False
     stream_options: StreamOptions | None = None
     workload_class: str | None = None  # the mesh's own: realtime_chat, agent_tool, batch
-    # Known, not supported: refused when set to anything but their neutral value.
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
+    repetition_penalty: float | None = None  # vLLM's
+    min_p: float | None = None  # vLLM's
+    logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's form) -> bias
 
 
 class ContentPart(_Request):

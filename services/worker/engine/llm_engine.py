@@ -191,6 +191,12 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling", f"expected SamplingParams, got {type(params).__name__}")
         token_ids = self._tokenize(prompt)
+        vocab = self.model_config.vocab_size
+        outside = next((t for t, _ in params.logit_bias if t >= vocab), None)
+        if outside is not None:
+            raise InvalidRequestError(
+                "logit_bias", f"token id {outside} is outside the vocabulary [0, {vocab})"
+            )
         seq = Sequence(
             request_id,
             token_ids,

@@ -96,7 +96,7 @@ class ModelRunner:
         if inputs.sample_batch_index:
             seqs = [batch.seqs[i] for i in inputs.sample_batch_index]
             _ban_early_stops(logits, seqs)
-            tokens = self.sampler.sample(logits, [s.request_id for s in seqs], [s.params for s in seqs])
+            tokens = self.sampler.sample(logits, seqs)
             for i, token in zip(inputs.sample_batch_index, tokens, strict=True):
                 sampled[i] = token
         return sampled

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -19,17 +21,23 @@ class DecodeStepTiming:
 
 
 def measure_decode_step(
-    llm: LLM, batch_size: int = 32, context_len: int = 256, steps: int = 20
+    llm: LLM,
+    batch_size: int = 32,
+    context_len: int = 256,
+    steps: int = 20,
+    params: Callable[[int], SamplingParams] | None = None,
 ) -> DecodeStepTiming:
-    """Time decode steps with batch_size running sequences of ~context_len tokens; leaves the engine idle."""
+    """Time decode steps with batch_size running sequences of ~context_len tokens; leaves the engine idle.
+    params(i): sequence i's sampling (None: greedy); max_tokens and ignore_eos are set for the run."""
     engine = llm.engine
     generator = torch.Generator().manual_seed(1234)
     vocab = engine.model_config.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=steps * 4 + 8, ignore_eos=True)
+    budget = {"max_tokens": steps * 4 + 8, "ignore_eos": True}
     ids = [f"profile-{i}" for i in range(batch_size)]
-    for request_id in ids:
+    for i, request_id in enumerate(ids):
         prompt = torch.randint(0, vocab, (context_len,), generator=generator).tolist()
-        engine.add_request(request_id, prompt, params, detokenize=False)
+        chosen = SamplingParams(temperature=0.0) if params is None else params(i)
+        engine.add_request(request_id, prompt, dataclasses.replace(chosen, **budget), detokenize=False)
     try:
         # Run the prefills until every sequence decodes (one token per step).
         while True:

@@ -99,8 +99,18 @@ async def test_min_tokens_holds_the_end_of_turn_back(settings: WorkerSettings) -
          grpc.StatusCode.INVALID_ARGUMENT, "messages: the conversation is"),
         (chat_request(HELLO, model="plain"), grpc.StatusCode.FAILED_PRECONDITION, "no chat template"),
         (chat_request(HELLO, min_tokens=9), grpc.StatusCode.INVALID_ARGUMENT, "min_tokens"),
+        (chat_request(HELLO, presence_penalty=-2.5), grpc.StatusCode.INVALID_ARGUMENT,
+         "presence_penalty: must be in [-2, 2]"),
+        (chat_request(HELLO, repetition_penalty=0.0), grpc.StatusCode.INVALID_ARGUMENT,
+         "repetition_penalty: must be a finite number > 0"),
+        (chat_request(HELLO, min_p=2.0), grpc.StatusCode.INVALID_ARGUMENT, "min_p: must be in [0, 1]"),
+        (chat_request(HELLO, logit_bias={7: 150.0}), grpc.StatusCode.INVALID_ARGUMENT,
+         "logit_bias: biases must be in [-100, 100]"),
+        (chat_request(HELLO, logit_bias={10**6: 1.0}), grpc.StatusCode.INVALID_ARGUMENT,
+         "logit_bias: token id 1000000 is outside the vocabulary"),
     ],
-    ids=["no-messages", "unknown-role", "bad-tool-schema", "too-long", "no-template", "min-over-max"],
+    ids=["no-messages", "unknown-role", "bad-tool-schema", "too-long", "no-template", "min-over-max",
+         "presence", "repetition", "min-p", "bias-range", "bias-vocab"],
 )  # fmt: skip
 async def test_bad_chats_get_a_precise_status(
     settings: WorkerSettings, request_: inference_pb2.GenerateRequest, code: grpc.StatusCode, words: str
