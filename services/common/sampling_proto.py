@@ -4,7 +4,9 @@ what the gateway builds to refuse bad values before placing a request."""
 from __future__ import annotations
 
 from hanzo.inference.v1 import inference_pb2
+from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingParams
+from services.common.structured import FIELD, StructuredOutput, StructureKind
 
 
 def sampling_params(proto: inference_pb2.SamplingParams) -> SamplingParams:
@@ -24,4 +26,21 @@ def sampling_params(proto: inference_pb2.SamplingParams) -> SamplingParams:
             kwargs[name] = getattr(proto, name)
     if proto.HasField("top_k") and proto.top_k > 0:
         kwargs["top_k"] = proto.top_k
+    if proto.HasField("structured"):
+        kwargs["structured"] = structured_output(proto.structured)
     return SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def structured_output(proto: inference_pb2.StructuredOutput) -> StructuredOutput:
+    """The message as a StructuredOutput; InvalidArgument when no constraint is set or it is malformed."""
+    constraint = proto.WhichOneof("constraint")
+    strict = not proto.allow_extra_properties
+    if constraint == "json_object":
+        return StructuredOutput(StructureKind.JSON_OBJECT)
+    if constraint == "json_schema":
+        return StructuredOutput(StructureKind.JSON_SCHEMA, proto.json_schema, strict=strict)
+    if constraint == "regex":
+        return StructuredOutput(StructureKind.REGEX, proto.regex)
+    if constraint == "choice":
+        return StructuredOutput(StructureKind.CHOICE, choices=tuple(proto.choice.values))
+    raise InvalidArgument(FIELD, "set one of json_object, json_schema, regex or choice")

@@ -3,6 +3,7 @@ the model over gRPC and the OpenAI front, and stops cleanly on SIGTERM; and its 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -12,6 +13,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,6 +86,45 @@ def test_serve_smollm2_answers_through_the_openai_sdk(tmp_path: Path) -> None:
         assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
         vectors = client.embeddings.create(model="minilm", input=["a sentence", "another one"])
         assert [len(d.embedding) for d in vectors.data] == [384, 384]
+        _structured_replies(client)
+
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "age": {"type": "integer"},
+        "city": {"type": "string", "maxLength": 40},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+
+
+def _structured_replies(client: Any) -> None:
+    """The real SmolLM2's replies under a JSON schema (OpenAI's response_format) and a vLLM choice."""
+    jsonschema = pytest.importorskip("jsonschema")
+    reply = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Anna is 34 and lives in Oslo. Give her name, age and city."}],
+        temperature=0,
+        max_tokens=80,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "person", "schema": PERSON, "strict": True},
+        },
+    )
+    person = json.loads(reply.choices[0].message.content)
+    jsonschema.validate(person, PERSON)
+    assert reply.choices[0].finish_reason == "stop"
+    picked = client.chat.completions.create(
+        model="smollm2",
+        messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}],
+        temperature=0,
+        max_tokens=8,
+        extra_body={"guided_choice": ["yes", "no"]},
+    )
+    assert picked.choices[0].message.content in ("yes", "no")
 
 
 def test_serve_a_checkpoint_directory_under_a_name(tmp_path: Path, llama_gqa_dir: Path) -> None:

@@ -55,6 +55,12 @@ def chat(**fields: Any) -> dict[str, Any]:
         ("chat", chat(logit_bias={"5": 101}), "logit_bias", None),
         ("completions", {"model": "llama", "prompt": "hi", "logit_bias": {"999999": 1}}, "logit_bias", None),
         ("chat", chat(tool_choice="required"), "tool_choice", None),
+        ("chat", chat(response_format={"type": "json_schema"}), "response_format", None),
+        ("chat", chat(response_format={"type": "xml"}), "response_format.type", None),
+        ("chat", chat(response_format={"type": "json_object"}, guided_regex="a+"), "guided_regex", None),
+        ("chat", chat(guided_regex="(unclosed"), "response_format", None),  # the worker's compiler
+        ("chat", chat(guided_json={"type": "no-such-type"}), "response_format", None),
+        ("chat", chat(guided_choice=[]), "response_format", None),
         ("chat", chat(stream_options={"include_usage": True}), "stream_options", None),
         ("chat", chat(workload_class="urgent"), "workload_class", None),
         ("chat", chat(tools=[{"type": "function", "function": {"name": "f", "parameters": "not an object"}}]),

@@ -33,9 +33,6 @@ def to_generate(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
     if body.tool_choice not in _TOOL_CHOICES:
         # Forcing a call needs guided decoding; "auto" (the model decides) is what templates render.
         raise invalid("tool_choice", "only 'auto' and 'none' are supported")
-    fmt = (body.response_format or {}).get("type", "text")
-    if fmt != "text":
-        raise invalid("response_format", f"type {fmt!r} is not supported; only 'text'")
     request = inference_pb2.GenerateRequest(model=body.model)
     chat = request.chat
     chat.SetInParent()  # an empty message list still selects chat input (the request path refuses it)

@@ -40,6 +40,7 @@ _CONTEXT_LENGTH = re.compile(r"no room to (generate|reply)")
 _RENAMES = (
     (re.compile(r"^prompt_token_ids"), "prompt"),
     (re.compile(r"^inputs"), "input"),
+    (re.compile(r"^structured_output"), "response_format"),
     (re.compile(r"^(tools\[\d+\])\.parameters_json"), r"\1.function.parameters"),
     (re.compile(r"^(tools\[\d+\]|messages\[\d+\]\.tool_calls\[\d+\])\.name"), r"\1.function.name"),
 )

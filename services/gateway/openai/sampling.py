@@ -3,6 +3,8 @@ both text endpoints share; a field the mesh cannot honour is refused with a 400 
 
 from __future__ import annotations
 
+import json
+
 from hanzo.inference.v1 import inference_pb2
 from services.gateway.classify import from_name
 from services.gateway.openai.errors import invalid
@@ -38,6 +40,7 @@ def fill_generate(
     sampling.ignore_eos = body.ignore_eos
     sampling.min_tokens = body.min_tokens
     _fill_logit_controls(body, sampling)
+    _fill_structured(body, sampling)
     if body.user:
         request.tenant = body.user  # OpenAI's end-user id: the engine shares a class's seats by tenant
     if body.workload_class:
@@ -59,6 +62,41 @@ def _fill_logit_controls(body: SamplingFields, sampling: inference_pb2.SamplingP
         if not 0 <= token < 2**32:
             raise invalid("logit_bias", f"token ids must be in [0, 2^32), got {token}")
         sampling.logit_bias[token] = bias
+
+
+def _fill_structured(body: SamplingFields, sampling: inference_pb2.SamplingParams) -> None:
+    """response_format or one guided_* field as the proto's StructuredOutput (at most one may be set);
+    the worker compiles it and refuses, naming response_format, what its grammar compiler cannot take."""
+    given = [
+        name for name in ("guided_json", "guided_regex", "guided_choice") if getattr(body, name) is not None
+    ]
+    response_format = body.response_format
+    if response_format is not None and response_format.type != "text":
+        given.insert(0, "response_format")
+    if len(given) > 1:
+        raise invalid(given[1], f"only one structured output constraint per request; {given[0]} is set too")
+    if not given:
+        return
+    structured = sampling.structured
+    if given[0] == "response_format":
+        assert response_format is not None
+        if response_format.type == "json_object":
+            structured.json_object = True
+            return
+        schema = response_format.json_schema
+        if schema is None or schema.schema_ is None:
+            raise invalid(
+                "response_format", "type json_schema needs json_schema.schema, a JSON Schema object"
+            )
+        structured.json_schema = json.dumps(schema.schema_)
+        structured.allow_extra_properties = schema.strict is False
+    elif given[0] == "guided_json":
+        value = body.guided_json
+        structured.json_schema = value if isinstance(value, str) else json.dumps(value)
+    elif given[0] == "guided_regex":
+        structured.regex = body.guided_regex or ""
+    else:
+        structured.choice.values.extend(body.guided_choice or [])
 
 
 def include_usage(body: SamplingFields) -> bool:

@@ -23,6 +23,20 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(_Request):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Request):
+    """OpenAI's response_format: free text, any JSON object, or JSON valid for a schema."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
 class SamplingFields(_Request):
     """The sampling fields /v1/chat/completions and /v1/completions share (vLLM's extensions included)."""
 
@@ -46,6 +60,11 @@ class SamplingFields(_Request):
     repetition_penalty: float | None = None  # vLLM's
     min_p: float | None = None  # vLLM's
     logit_bias: dict[str, float] | None = None  # token id (as a string, OpenAI's form) -> bias
+    # Structured output: OpenAI's response_format, or one of vLLM's guided_* fields.
+    response_format: ResponseFormat | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
 
 
 class ContentPart(_Request):
@@ -90,7 +109,6 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=1)  # OpenAI's newer name for max_tokens
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):

@@ -42,6 +42,7 @@ from services.worker.engine.engine_commands import (
     settle,
 )
 from services.worker.engine.errors import EngineDeadError, InvalidRequestError
+from services.worker.engine.grammar import COMPILE_EXECUTOR
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.engine.outputs import RequestOutput, merge
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
@@ -131,8 +132,14 @@ class AsyncLLM:
         self._streams[request_id] = stream
         finished = False
         try:
+            arrival = time.monotonic()
+            grammar = None
+            if params.structured is not None:  # compiled here, never on the engine thread
+                grammar = await asyncio.get_running_loop().run_in_executor(
+                    COMPILE_EXECUTOR, self.engine.grammars.compile, params
+                )
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
-            self._put(Add(request_id, prompt, params, hints, time.monotonic(), done))
+            self._put(Add(request_id, prompt, params, hints, arrival, done, grammar))
             await asyncio.wrap_future(done)
             while True:
                 item = await stream.get()
@@ -288,6 +295,7 @@ class AsyncLLM:
                 command.params,
                 hints=command.hints,
                 arrival_time=command.arrival_time,
+                grammar=command.grammar,
             )
             settle(command.done, None)
         except Exception as exc:  # bad input: only this request fails

@@ -29,6 +29,7 @@ class Add:
     hints: SchedulingHints
     arrival_time: float  # time.monotonic() when generate() was called
     done: concurrent.futures.Future[None]
+    grammar: object | None = None  # params.structured compiled off the engine thread
 
 
 @dataclass

@@ -14,6 +14,7 @@ from services.common.workload import WorkloadClass
 from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.config import EngineConfig, EngineLayout
 from services.worker.engine.errors import InvalidRequestError
+from services.worker.engine.grammar import ModelGrammars
 from services.worker.engine.kv_pool import KVPool, kv_spec, plan_layout
 from services.worker.engine.model_placement import place_model
 from services.worker.engine.model_runner import ModelRunner
@@ -102,6 +103,9 @@ class LLMEngine:
             assert memory is not None  # placed in its arena
             self.kv = KVPool.in_partition(spec, layout, memory, self._placed.partition, prefix_caching)
         self.tokenizer = self.loaded.tokenizer
+        self.grammars = ModelGrammars(
+            self.tokenizer, self.model_config.vocab_size, self.model_config.eos_token_ids
+        )
         self.packed_weight_bytes = 0  # packed CPU copies of the weights (EngineConfig.pack_cpu_weights)
         if self.config.pack_cpu_weights and self.device.type == "cpu":
             self.packed_weight_bytes = pack_model(self.loaded.model, self.model_name or str(model_dir))
@@ -182,11 +186,14 @@ class LLMEngine:
         detokenize: bool = True,
         hints: SchedulingHints = DEFAULT_HINTS,
         arrival_time: float | None = None,
+        grammar: object | None = None,
     ) -> Sequence:
         """Validate and queue a request; raises InvalidRequestError on bad input and AdmissionError when
         its class's queue is full (nothing queued either way). hints: class, tenant, deadline.
         arrival_time: time.monotonic() when the request reached the server (None: now); TTFT targets
-        and queue timeouts count from it, so time spent waiting for the step thread counts too."""
+        and queue timeouts count from it, so time spent waiting for the step thread counts too.
+        grammar: params.structured already compiled (grammars.compile(), off the engine thread); None
+        compiles it here."""
         self._check_resident()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling", f"expected SamplingParams, got {type(params).__name__}")
@@ -205,6 +212,7 @@ class LLMEngine:
             arrival_time=arrival_time,
             hints=hints,
         )
+        seq.matcher = self.grammars.matcher(params, grammar)
         self.scheduler.add(seq)
         if self.tokenizer is not None and (detokenize or params.stop):
             self._text[request_id] = TextState(self.tokenizer, seq)

@@ -1,5 +1,5 @@
-"""Token sampling for one step: logit bias and penalties (logit_controls.py), greedy, temperature,
-min-p, top-k, top-p, per-request seeds."""
+"""Token sampling for one step: logit bias and penalties (logit_controls.py), structured output's
+grammar masks (grammar.py), greedy, temperature, min-p, top-k, top-p, per-request seeds."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence as Seq
 import torch
 
 from services.common.sampling import SamplingParams
+from services.worker.engine.grammar import GrammarMasks
 from services.worker.engine.logit_controls import LogitControls
 from services.worker.engine.sequence import Sequence
 
@@ -25,6 +26,7 @@ class Sampler:
             self.generator.manual_seed(seed)
         self._request_generators: dict[str, torch.Generator] = {}
         self.controls = LogitControls(device)
+        self.masks = GrammarMasks()
 
     def release(self, request_id: str) -> None:
         """Forget a finished request's generator and penalty state."""
@@ -37,11 +39,17 @@ class Sampler:
         penalised = None
         if any(p.adjusts_logits for p in params):  # otherwise nothing below costs a tensor operation
             penalised = self.controls.apply(logits, seqs)
+        matchers = [(i, seq.matcher) for i, seq in enumerate(seqs) if seq.matcher is not None]
+        if matchers:
+            self.masks.apply(logits, matchers)
         tokens = self._sample(logits, [seq.request_id for seq in seqs], params)
         if penalised is not None:
             rows = [i for i, p in enumerate(params) if p.penalized]
             self.controls.record(penalised, tokens[rows])
-        return tokens.tolist()
+        chosen = tokens.tolist()
+        if matchers:
+            self.masks.accept(matchers, chosen)
+        return chosen
 
     def _sample(
         self, logits: torch.Tensor, request_ids: list[str], params: list[SamplingParams]

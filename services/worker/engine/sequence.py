@@ -37,6 +37,7 @@ class Sequence:
         "finish_reason",
         "first_scheduled_time",
         "hints",
+        "matcher",
         "num_cached_tokens",
         "num_computed_tokens",
         "num_preemptions",
@@ -75,6 +76,9 @@ class Sequence:
         self.block_table: list[int] = []
         # Chained hashes of the leading full blocks already registered in the prefix cache.
         self.block_hashes: list[int] = []
+        # The grammar matcher following the output (worker/engine/grammar.py) when the request asked
+        # for structured output; None otherwise.
+        self.matcher: object | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -55,6 +55,11 @@ class Tokenizer:
         self.chat_template = chat_template
 
     @property
+    def backend(self) -> tokenizers.Tokenizer:
+        """The tokenizers.Tokenizer itself, for libraries that take one (the grammar compiler)."""
+        return self._tok
+
+    @property
     def vocab_size(self) -> int:
         """Number of token ids the tokenizer can produce, added special tokens included."""
         return self._tok.get_vocab_size(with_added_tokens=True)

@@ -87,6 +87,16 @@ async def test_min_tokens_holds_the_end_of_turn_back(settings: WorkerSettings) -
     assert natural[0] not in held_ids[:5]
 
 
+async def test_a_chat_can_be_held_to_fixed_choices(settings: WorkerSettings) -> None:
+    choices = inference_pb2.StructuredOutput(choice=inference_pb2.Choices(values=["sunny", "rainy day"]))
+    async with serving(settings) as (_, stub):
+        for temperature in (0.0, 1.0):
+            request = chat_request(HELLO, structured=choices, temperature=temperature, max_tokens=16)
+            replies = [r async for r in stub.Generate(request)]
+            assert "".join(r.text for r in replies) in ("sunny", "rainy day")
+            assert replies[-1].finish_reason == inference_pb2.FINISH_REASON_STOP
+
+
 @pytest.mark.parametrize(
     ("request_", "code", "words"),
     [
@@ -108,9 +118,13 @@ async def test_min_tokens_holds_the_end_of_turn_back(settings: WorkerSettings) -
          "logit_bias: biases must be in [-100, 100]"),
         (chat_request(HELLO, logit_bias={10**6: 1.0}), grpc.StatusCode.INVALID_ARGUMENT,
          "logit_bias: token id 1000000 is outside the vocabulary"),
+        (chat_request(HELLO, structured=inference_pb2.StructuredOutput(regex="(unclosed")),
+         grpc.StatusCode.INVALID_ARGUMENT, "structured_output: cannot be compiled into a grammar"),
+        (chat_request(HELLO, structured=inference_pb2.StructuredOutput(json_schema="{oops")),
+         grpc.StatusCode.INVALID_ARGUMENT, "structured_output: the JSON schema is not valid JSON"),
     ],
     ids=["no-messages", "unknown-role", "bad-tool-schema", "too-long", "no-template", "min-over-max",
-         "presence", "repetition", "min-p", "bias-range", "bias-vocab"],
+         "presence", "repetition", "min-p", "bias-range", "bias-vocab", "grammar", "schema-json"],
 )  # fmt: skip
 async def test_bad_chats_get_a_precise_status(
     settings: WorkerSettings, request_: inference_pb2.GenerateRequest, code: grpc.StatusCode, words: str
