@@ -125,6 +125,49 @@ def _structured_replies(client: Any) -> None:
         extra_body={"guided_choice": ["yes", "no"]},
     )
     assert picked.choices[0].message.content in ("yes", "no")
+    _tool_call_and_its_result(client, jsonschema)
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 40}},
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def _tool_call_and_its_result(client: Any, jsonschema: Any) -> None:
+    """The real SmolLM2 made to call a tool, then answering from the tool's result."""
+    question = {"role": "user", "content": "What is the weather in Paris right now?"}
+    reply = client.chat.completions.create(
+        model="smollm2",
+        messages=[question],
+        tools=[WEATHER],
+        tool_choice="required",
+        temperature=0,
+        max_tokens=60,
+    )
+    assert reply.choices[0].finish_reason == "tool_calls"
+    (call,) = reply.choices[0].message.tool_calls
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+    result = {"role": "tool", "tool_call_id": call.id, "content": '{"temperature_c": 18, "sky": "sunny"}'}
+    answer = client.chat.completions.create(
+        model="smollm2",
+        messages=[question, {"role": "assistant", "tool_calls": [call.model_dump()]}, result],
+        tools=[WEATHER],
+        tool_choice="none",
+        temperature=0,
+        max_tokens=40,
+    )
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
 
 
 def test_serve_a_checkpoint_directory_under_a_name(tmp_path: Path, llama_gqa_dir: Path) -> None:

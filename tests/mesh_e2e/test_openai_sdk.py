@@ -4,6 +4,7 @@ each checked against the same request over gRPC. One mesh serves the whole modul
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -128,6 +129,43 @@ async def test_chat_classes_tools_header_and_body(mesh: Mesh) -> None:
         )
         assert reply.choices[0].finish_reason in ("stop", "length")
         assert requests_counted(registry, "Chat", expected) == before + 1, (fields, expected)
+
+
+@pytest.mark.parametrize(
+    "tool_choice",
+    ["required", {"type": "function", "function": {"name": "search"}}],
+    ids=["required", "named"],
+)
+async def test_a_forced_tool_call_comes_back_as_tool_calls_plain_and_streamed(
+    mesh: Mesh, tool_choice: object
+) -> None:
+    jsonschema = pytest.importorskip("jsonschema")
+    client = sdk(mesh)
+    # A random-weight model: its string arguments are held short so that the call ends within the budget.
+    short = {"type": "object", "properties": {"q": {"type": "string", "maxLength": 6}}, "required": ["q"]}
+    search = {"type": "function", "function": {"name": "search", "parameters": short}}
+    other = {
+        "type": "function",
+        "function": {"name": "clock", "parameters": {"type": "object", "properties": {}}},
+    }
+    fields = {"tools": [search, other], "tool_choice": tool_choice, "temperature": 0.0, "max_tokens": 60}
+    reply = await client.chat.completions.create(model="llama", messages=MESSAGES, **fields)
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.id.startswith("call_")
+    if tool_choice != "required":
+        assert call.function.name == "search"
+    schema = {"search": search, "clock": other}[call.function.name]["function"]["parameters"]
+    jsonschema.validate(json.loads(call.function.arguments), schema)
+
+    stream = await client.chat.completions.create(model="llama", messages=MESSAGES, stream=True, **fields)
+    chunks = [c async for c in stream]
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == [
+        (0, call.function.name, call.function.arguments)
+    ]  # greedy: the same call, in one delta
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 async def test_completions_text_and_token_ids_match_grpc(mesh: Mesh) -> None:

@@ -6,14 +6,17 @@ from __future__ import annotations
 import json
 
 from hanzo.inference.v1 import inference_pb2
+from services.gateway.openai import tool_calls
 from services.gateway.openai.errors import invalid
 from services.gateway.openai.sampling import fill_generate
 from services.gateway.openai.schemas import (
     AssistantMessage,
+    AssistantToolCall,
     ChatChoice,
     ChatCompletion,
     ChatCompletionRequest,
     Message,
+    ToolCallFunction,
     ToolDef,
 )
 from services.gateway.openai.streaming import Chunks, Outcome, usage_of
@@ -22,7 +25,6 @@ from services.gateway.openai.streaming import Chunks, Outcome, usage_of
 # at its context length), not the proto's 16. Set after classification, which reads an unset budget
 # as a conversation turn.
 UNTIL_CONTEXT_END = 2**31 - 1
-_TOOL_CHOICES = (None, "auto", "none")
 
 
 def to_generate(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
@@ -30,9 +32,7 @@ def to_generate(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
     tools are checked by the request path itself (services.common.chat), as for the gRPC Chat."""
     if body.logprobs:
         raise invalid("logprobs", "is not supported by this server")
-    if body.tool_choice not in _TOOL_CHOICES:
-        # Forcing a call needs guided decoding; "auto" (the model decides) is what templates render.
-        raise invalid("tool_choice", "only 'auto' and 'none' are supported")
+    choice = tool_calls.mode(body)
     request = inference_pb2.GenerateRequest(model=body.model)
     chat = request.chat
     chat.SetInParent()  # an empty message list still selects chat input (the request path refuses it)
@@ -42,6 +42,7 @@ def to_generate(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
         chat.tools.append(_tool(i, tool))
     budget = body.max_completion_tokens or body.max_tokens
     fill_generate(body, request, budget)
+    tool_calls.constrain(body, choice, request.sampling)
     return request
 
 
@@ -51,23 +52,45 @@ def fill_default_budget(request: inference_pb2.GenerateRequest) -> None:
         request.sampling.max_tokens = UNTIL_CONTEXT_END
 
 
-def reply(outcome: Outcome, request_id: str, created: int, model: str) -> ChatCompletion:
-    """The non-streamed chat.completion for a finished generation."""
+def reply(outcome: Outcome, request_id: str, created: int, body: ChatCompletionRequest) -> ChatCompletion:
+    """The non-streamed chat.completion for a finished generation, its tool calls parsed out."""
+    parsed = tool_calls.parse(outcome.text, tool_calls.mode(body))
+    calls = [
+        AssistantToolCall.model_construct(
+            id=c.id,
+            type="function",
+            function=ToolCallFunction.model_construct(name=c.name, arguments=c.arguments),
+        )
+        for c in parsed.calls
+    ]
     return ChatCompletion.model_construct(
         id=f"chatcmpl-{request_id}",
         object="chat.completion",
         created=created,
-        model=model,
+        model=body.model,
         choices=[
             ChatChoice.model_construct(
                 index=0,
-                message=AssistantMessage.model_construct(role="assistant", content=outcome.text),
+                message=AssistantMessage.model_construct(
+                    role="assistant", content=parsed.content, tool_calls=calls
+                ),
                 logprobs=None,
-                finish_reason=outcome.finish_reason,
+                finish_reason=finish_reason(outcome, parsed),
             )
         ],
         usage=usage_of(outcome.usage),
     )
+
+
+def finish_reason(outcome: Outcome, parsed: tool_calls.Parsed) -> str | None:
+    """ "tool_calls" for a reply that ended on its own with calls in it, else the engine's reason."""
+    return "tool_calls" if parsed.calls and outcome.finish_reason == "stop" else outcome.finish_reason
+
+
+def holds_calls(body: ChatCompletionRequest) -> str | None:
+    """The tool mode of a request whose reply may hold calls (so it is streamed once whole), else None."""
+    choice = tool_calls.mode(body)
+    return None if choice in (None, "none") else choice
 
 
 def chunks(request_id: str, created: int, model: str) -> Chunks:

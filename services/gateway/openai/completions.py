@@ -36,13 +36,13 @@ def fill_default_budget(request: inference_pb2.GenerateRequest) -> None:
     """Nothing to fill: the proto's unset max_tokens (16) is the completions default."""
 
 
-def reply(outcome: Outcome, request_id: str, created: int, model: str) -> Completion:
+def reply(outcome: Outcome, request_id: str, created: int, body: CompletionRequest) -> Completion:
     """The non-streamed text_completion for a finished generation."""
     return Completion.model_construct(
         id=f"cmpl-{request_id}",
         object="text_completion",
         created=created,
-        model=model,
+        model=body.model,
         choices=[
             CompletionChoice.model_construct(
                 index=0, text=outcome.text, logprobs=None, finish_reason=outcome.finish_reason

@@ -81,6 +81,14 @@ class Chunks:
         body = '{"content":' + json.dumps(text) + "}" if text else "{}"
         return self._choice + body + ',"logprobs":null,"finish_reason":' + reason + "}]}\n\n"
 
+    def raw_delta(self, delta: dict[str, object]) -> str:
+        """A chat chunk carrying delta as given (tool_calls)."""
+        return (
+            self._choice
+            + json.dumps(delta, separators=(",", ":"))
+            + ',"logprobs":null,"finish_reason":null}]}\n\n'
+        )
+
     def usage(self, usage: inference_pb2.Usage) -> str:
         return self._usage + usage_of(usage).model_dump_json() + "}\n\n"
 
@@ -97,11 +105,11 @@ async def events(
     worker that stops answering (the worker ends the stream at the deadline itself). ended: called once
     the stream is over, however it ended. Closing this iterator (the client went away) closes stream,
     which cancels the worker's."""
-    response = first
-    error: HttpError | None = None
-    remaining = deadline.time_remaining()
-    deadline_at = asyncio.get_running_loop().time() + (remaining if remaining is not None else 1e9)
-    try:
+
+    async def deltas() -> AsyncIterator[str]:
+        response = first
+        remaining = deadline.time_remaining()
+        deadline_at = asyncio.get_running_loop().time() + (remaining if remaining is not None else 1e9)
         opening = chunks.opening()
         if opening is not None:
             yield opening
@@ -118,11 +126,29 @@ async def events(
                 break
         if include_usage:
             yield chunks.usage(response.usage)
+
+    async for event in framed(deltas(), stream, ended):
+        yield event
+
+
+async def framed(
+    body: AsyncIterator[str],
+    stream: AsyncIterator[inference_pb2.GenerateResponse],
+    ended: Callable[[], None],
+) -> AsyncIterator[str]:
+    """body's events, then an in-band error event if it raised (a timeout as DEADLINE_EXCEEDED), then
+    [DONE]. However it ends, even closed by a client that went away, body and stream are closed (which
+    cancels the worker's stream) and ended() is called."""
+    error: HttpError | None = None
+    try:
+        async for event in body:
+            yield event
     except TimeoutError:
         error = from_exception(DeadlineExceeded("the request's time ran out while streaming"))
     except Exception as exc:  # typed errors and bugs alike: the stream has begun, so say it in-band
         error = from_exception(exc)
     finally:
+        await body.aclose()  # type: ignore[attr-defined]
         await stream.aclose()  # type: ignore[attr-defined]  # the router's stream is an async generator
         ended()
     if error is not None:
