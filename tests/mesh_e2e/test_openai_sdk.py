@@ -201,6 +201,31 @@ async def test_completions_text_and_token_ids_match_grpc(mesh: Mesh) -> None:
     assert one_in_a_list.choices[0].text == texts[0]
 
 
+async def test_stop_reason_names_the_stop_string_or_token(mesh: Mesh) -> None:
+    client = sdk(mesh)
+    prompt = [5, 17, 42, 99, 7]
+    budget = {"temperature": 0.0, "max_tokens": 12}
+    free = await client.completions.create(
+        model="llama", prompt=prompt, **budget, extra_body={"ignore_eos": True}
+    )
+    sampling = inference_pb2.SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+    request = inference_pb2.GenerateRequest(
+        model="llama", prompt_token_ids=inference_pb2.TokenIds(ids=prompt), sampling=sampling
+    )
+    tokens = [t async for r in mesh.inference.Generate(request, metadata=AUTH) for t in r.token_ids]
+    stop = free.choices[0].text[3:6]
+    by_string = await client.completions.create(model="llama", prompt=prompt, stop=[stop], **budget)
+    assert by_string.choices[0].finish_reason == "stop" and by_string.choices[0].stop_reason == stop
+    by_token = await client.completions.create(
+        model="llama", prompt=prompt, **budget, extra_body={"stop_token_ids": [tokens[2]], "ignore_eos": True}
+    )
+    assert by_token.choices[0].stop_reason == tokens[2]
+    stream = await client.completions.create(model="llama", prompt=prompt, stop=[stop], stream=True, **budget)
+    last = [c async for c in stream][-1]
+    assert last.choices[0].finish_reason == "stop" and last.choices[0].stop_reason == stop
+    assert free.choices[0].stop_reason is None  # max_tokens ended it
+
+
 @pytest.mark.parametrize(
     ("controls", "grpc_controls"),
     [

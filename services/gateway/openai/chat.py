@@ -76,6 +76,7 @@ def reply(outcome: Outcome, request_id: str, created: int, body: ChatCompletionR
                 ),
                 logprobs=None,
                 finish_reason=finish_reason(outcome, parsed),
+                stop_reason=outcome.stop_reason,
             )
         ],
         usage=usage_of(outcome.usage),

@@ -45,7 +45,11 @@ def reply(outcome: Outcome, request_id: str, created: int, body: CompletionReque
         model=body.model,
         choices=[
             CompletionChoice.model_construct(
-                index=0, text=outcome.text, logprobs=None, finish_reason=outcome.finish_reason
+                index=0,
+                text=outcome.text,
+                logprobs=None,
+                finish_reason=outcome.finish_reason,
+                stop_reason=outcome.stop_reason,
             )
         ],
         usage=usage_of(outcome.usage),

@@ -163,6 +163,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: None = None
     finish_reason: str | None
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
 
 
 class ChatCompletion(BaseModel):
@@ -179,6 +180,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: None = None
     finish_reason: str | None
+    stop_reason: str | int | None = None  # as ChatChoice's
 
 
 class Completion(BaseModel):

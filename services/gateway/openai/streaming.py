@@ -32,11 +32,19 @@ DONE = "data: [DONE]\n\n"
 
 @dataclass(frozen=True)
 class Outcome:
-    """A finished generation: its whole text, finish reason and usage."""
+    """A finished generation: its whole text, finish reason, usage and stop reason."""
 
     text: str
     finish_reason: str | None
     usage: inference_pb2.Usage
+    stop_reason: str | int | None = None
+
+
+def stop_reason(response: inference_pb2.GenerateResponse) -> str | int | None:
+    """The stop string or stop token id that ended a generation (vLLM's stop_reason); None for an EOS
+    id, a length cut or an unfinished one."""
+    which = response.WhichOneof("stop_reason")
+    return None if which is None else getattr(response, which)
 
 
 async def collect(stream: AsyncIterator[inference_pb2.GenerateResponse]) -> Outcome:
@@ -46,7 +54,7 @@ async def collect(stream: AsyncIterator[inference_pb2.GenerateResponse]) -> Outc
     async for response in stream:
         texts.append(response.text)
         last = response
-    return Outcome("".join(texts), FINISH_REASONS.get(last.finish_reason), last.usage)
+    return Outcome("".join(texts), FINISH_REASONS.get(last.finish_reason), last.usage, stop_reason(last))
 
 
 def usage_of(usage: inference_pb2.Usage) -> Usage:
@@ -74,8 +82,11 @@ class Chunks:
             return None
         return self._choice + '{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
 
-    def delta(self, text: str, finish_reason: str | None) -> str:
+    def delta(self, text: str, finish_reason: str | None, stop: str | int | None = None) -> str:
+        """A text delta; the last one carries finish_reason and vLLM's stop_reason."""
         reason = f'"{finish_reason}"' if finish_reason else "null"
+        if finish_reason:
+            reason += ',"stop_reason":' + json.dumps(stop)
         if not self.chat:
             return self._choice + json.dumps(text) + ',"logprobs":null,"finish_reason":' + reason + "}]}\n\n"
         body = '{"content":' + json.dumps(text) + "}" if text else "{}"
@@ -116,7 +127,7 @@ async def events(
         while True:
             reason = FINISH_REASONS.get(response.finish_reason)
             if response.text or reason:
-                yield chunks.delta(response.text, reason)
+                yield chunks.delta(response.text, reason, stop_reason(response))
             if reason:
                 break
             try:

@@ -37,7 +37,7 @@ async def whole_events(
         elif parsed.content:
             yield chunks.delta(parsed.content, None)
         reason = "tool_calls" if parsed.calls and outcome.finish_reason == "stop" else outcome.finish_reason
-        yield chunks.delta("", reason)
+        yield chunks.delta("", reason, outcome.stop_reason)
         if include_usage:
             yield chunks.usage(outcome.usage)
 

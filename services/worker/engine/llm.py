@@ -23,6 +23,7 @@ class CompletionOutput:
     text: str
     finish_reason: str  # "stop" or "length"
     num_cached_tokens: int
+    stop_reason: str | int | None = None  # the stop string or stop token id that ended it (not EOS)
 
 
 class LLM:
@@ -79,6 +80,7 @@ class LLM:
                     text=text,
                     finish_reason=seq.finish_reason.value if seq.finish_reason else "length",
                     num_cached_tokens=seq.num_cached_tokens,
+                    stop_reason=seq.stop_reason,
                 )
             )
         return results

@@ -355,8 +355,9 @@ class LLMEngine:
         text = ""
         state = self._text.get(seq.request_id)
         if state is not None:
-            text, hit_stop = state.push(token, seq.is_finished)
-            if hit_stop and not seq.is_finished:
+            text, stop = state.push(token, seq.is_finished)
+            if stop is not None and not seq.is_finished:
+                seq.stop_reason = stop
                 self.scheduler.finish(seq, FinishReason.STOP)
         if seq.is_finished:
             self._forget(seq.request_id)

@@ -19,6 +19,7 @@ class RequestOutput:
     new_text: str  # "" when the request was added with detokenize=False
     finished: bool
     finish_reason: str | None  # "stop", "length" or "abort" once finished
+    stop_reason: str | int | None  # once finished: the stop string or stop token id that ended it
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
@@ -41,8 +42,8 @@ class TextState:
         self.text = ""
         self.sent = 0  # characters of self.text already returned
 
-    def push(self, token_id: int, finished: bool) -> tuple[str, bool]:
-        """Feed one token; returns (text delta to send, whether a stop string ended the output)."""
+    def push(self, token_id: int, finished: bool) -> tuple[str, str | None]:
+        """Feed one token; returns (text delta to send, the stop string that ended the output or None)."""
         delta = self.decoder.push(token_id)
         if finished:
             delta += self.decoder.flush()
@@ -52,8 +53,8 @@ class TextState:
             at = self.text.find(stop, search_from)
             if at >= 0:
                 self.text = self.text[:at]
-                return self._take(len(self.text)), True
-        return self._take(len(self.text) if finished else len(self.text) - self.hold), False
+                return self._take(len(self.text)), stop
+        return self._take(len(self.text) if finished else len(self.text) - self.hold), None
 
     def _take(self, upto: int) -> str:
         if upto <= self.sent:
@@ -74,6 +75,7 @@ def make_output(
         new_text=new_text,
         finished=seq.is_finished,
         finish_reason=None if reason is None else reason.value,
+        stop_reason=seq.stop_reason if seq.is_finished else None,
         num_prompt_tokens=seq.num_prompt_tokens,
         num_output_tokens=seq.num_output_tokens,
         num_cached_tokens=seq.num_cached_tokens,

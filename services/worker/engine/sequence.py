@@ -46,6 +46,7 @@ class Sequence:
         "priority",
         "request_id",
         "status",
+        "stop_reason",
         "token_ids",
     )
 
@@ -70,6 +71,7 @@ class Sequence:
         self.admit_no = 0  # order of the latest admission; the most recent is preempted first
         self.status = SequenceStatus.WAITING
         self.finish_reason: FinishReason | None = None
+        self.stop_reason: str | int | None = None  # the stop string or stop token id that ended it
         self.num_computed_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at the last admission
         self.num_preemptions = 0

@@ -18,6 +18,7 @@ def check_stop(seq: Sequence, max_model_len: int) -> FinishReason | None:
         if last in seq.eos_token_ids and not params.ignore_eos:
             return FinishReason.STOP
         if last in params.stop_token_ids:
+            seq.stop_reason = last  # as vLLM reports it; an EOS id leaves it None
             return FinishReason.STOP
     if seq.num_output_tokens >= params.max_tokens or seq.num_tokens >= max_model_len:
         return FinishReason.LENGTH

@@ -109,6 +109,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     final = out
                     response.finish_reason = FINISH_REASONS[out.finish_reason or "abort"]
                     response.usage.CopyFrom(_usage(out))
+                    if isinstance(out.stop_reason, str):
+                        response.stop_string = out.stop_reason
+                    elif out.stop_reason is not None:
+                        response.stop_token_id = out.stop_reason
                 yield response
         except AdmissionError as exc:  # answered RESOURCE_EXHAUSTED with its delay as RetryInfo
             self.metrics.rejected.labels(*labels, exc.reason).inc()

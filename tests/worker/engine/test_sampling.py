@@ -61,7 +61,8 @@ def test_stop_string_ends_output_and_is_not_returned(llm: LLM, llama_gqa_dir: Pa
     stopped = llm.generate(
         [prompt], SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True, stop=[stop])
     )
-    assert stopped[0].finish_reason == "stop"
+    assert stopped[0].finish_reason == "stop" and stopped[0].stop_reason == stop
+    assert free.stop_reason is None
     assert stopped[0].text == free.text[:first]
     assert len(stopped[0].token_ids) < len(free.token_ids)
 
@@ -73,7 +74,8 @@ def test_stop_token_ids_and_max_tokens(llm: LLM) -> None:
     stop_id = free.token_ids[4]
     cut = free.token_ids.index(stop_id) + 1
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=[stop_id]))[0]
-    assert out.finish_reason == "stop"
+    assert out.finish_reason == "stop" and out.stop_reason == stop_id
+    assert free.stop_reason is None  # a length cut names nothing
     assert out.token_ids == free.token_ids[:cut]
 
 
@@ -92,6 +94,7 @@ def test_eos_stops_unless_ignored(llm: LLM) -> None:
     finally:
         engine.model_config = original
     assert stops.token_ids == first[:1] and stops.finish_reason == "stop"
+    assert stops.stop_reason is None  # an EOS id is not a stop_reason, as in vLLM
     assert ignores.token_ids == first and ignores.finish_reason == "length"
 
 

@@ -82,6 +82,7 @@ async def test_min_tokens_holds_the_end_of_turn_back(settings: WorkerSettings) -
         early = [r async for r in stub.Generate(chat_request(HELLO, stop_token_ids=stop))]
         held = [r async for r in stub.Generate(chat_request(HELLO, stop_token_ids=stop, min_tokens=5))]
     assert early[-1].usage.completion_tokens == 1
+    assert early[-1].WhichOneof("stop_reason") == "stop_token_id" and early[-1].stop_token_id == stop[0]
     held_ids = [t for r in held for t in r.token_ids]
     assert len(held_ids) >= 5
     assert natural[0] not in held_ids[:5]
