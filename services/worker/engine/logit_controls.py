@@ -36,9 +36,9 @@ class LogitControls:
             self._free.append(slot)
         self._bias.pop(request_id, None)
 
-    def apply(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> torch.Tensor | None:
-        """Bias and penalise logits [N, V] in place, row i being seqs[i]. Returns the penalised rows'
-        table slots (for record()), or None when no row is penalised."""
+    def apply(self, logits: torch.Tensor, seqs: Seq[Sequence]) -> tuple[list[int], torch.Tensor] | None:
+        """Bias and penalise logits [N, V] in place, row i being seqs[i]. Returns the penalised rows and
+        their table slots (for record()), or None when no row is penalised."""
         biased = [i for i, seq in enumerate(seqs) if seq.params.logit_bias]
         if biased:
             self._add_bias(logits, seqs, biased)
@@ -57,7 +57,7 @@ class LogitControls:
         sub -= self._column([p.frequency_penalty for p in params]) * counts
         sub -= self._column([p.presence_penalty for p in params]) * in_output
         logits.index_copy_(0, rows, sub)
-        return slots
+        return penalised, slots
 
     def record(self, slots: torch.Tensor | None, tokens: torch.Tensor) -> None:
         """Count each penalised row's sampled token (tokens: [R], the rows apply() returned slots for)."""

@@ -44,8 +44,8 @@ class Sampler:
             self.masks.apply(logits, matchers)
         tokens = self._sample(logits, [seq.request_id for seq in seqs], params)
         if penalised is not None:
-            rows = [i for i, p in enumerate(params) if p.penalized]
-            self.controls.record(penalised, tokens[rows])
+            rows, slots = penalised
+            self.controls.record(slots, tokens[rows])
         chosen = tokens.tolist()
         if matchers:
             self.masks.accept(matchers, chosen)
