@@ -4,10 +4,13 @@ apply the same rules. No protobuf here: the engine runs without the generated co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from services.common.errors import InvalidArgument
 from services.common.structured import StructuredOutput
+
+MAX_LOGPROBS = 20  # alternatives per token, as OpenAI's top_logprobs and vLLM's default max_logprobs
+MAX_CHOICES = 16  # n: each choice holds its own KV for its output, so one request's share is bounded
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,12 @@ class SamplingParams:
     after temperature, min_p in [0, 1] (0: none) drops tokens less likely than min_p x the likeliest.
     structured: the output's required shape (None: free text); each step only tokens that keep the
     output a prefix of that shape can be sampled.
+
+    logprobs: None for none, else in [0, MAX_LOGPROBS]: each generated token comes with its log
+    probability, its rank and this many likeliest alternatives. They are the model's own (a log-softmax
+    of its raw logits, before bias, penalties, bans, grammar and temperature), as vLLM's default.
+    n: choices in [1, MAX_CHOICES] from the one prompt (the servers fan them out; the prompt's KV is
+    computed once and shared through the prefix cache); with a seed, choice i uses seed + i.
     """
 
     temperature: float = 1.0
@@ -48,6 +57,8 @@ class SamplingParams:
     min_p: float = 0.0
     logit_bias: tuple[tuple[int, float], ...] = ()
     structured: StructuredOutput | None = None
+    logprobs: int | None = None
+    n: int = 1
 
     def __post_init__(self) -> None:
         # Lists are accepted for convenience and frozen into tuples so params can be shared safely.
@@ -59,6 +70,14 @@ class SamplingParams:
         except (TypeError, ValueError):
             raise InvalidArgument("logit_bias", "must map token ids (integers) to biases (numbers)") from None
         self._check_logit_controls()
+        if self.logprobs is not None and (
+            not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= MAX_LOGPROBS
+        ):
+            raise InvalidArgument(
+                "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}] or unset, got {self.logprobs!r}"
+            )
+        if not isinstance(self.n, int) or not 1 <= self.n <= MAX_CHOICES:
+            raise InvalidArgument("n", f"must be an integer in [1, {MAX_CHOICES}], got {self.n!r}")
         if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
             raise InvalidArgument("max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
@@ -99,6 +118,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def choice(self, index: int) -> SamplingParams:
+        """The params of choice `index` of n: one choice, its own seed (seed + index) when seeded."""
+        seed = None if self.seed is None else (self.seed + index) % 2**64
+        return replace(self, n=1, seed=seed)
 
     @property
     def penalized(self) -> bool:

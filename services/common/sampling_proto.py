@@ -21,7 +21,7 @@ def sampling_params(proto: inference_pb2.SamplingParams) -> SamplingParams:
         "min_p": proto.min_p,
         "logit_bias": tuple(sorted(proto.logit_bias.items())),  # a map's order is not the wire's
     }
-    for name in ("temperature", "top_p", "max_tokens", "seed", "repetition_penalty"):
+    for name in ("temperature", "top_p", "max_tokens", "seed", "repetition_penalty", "logprobs", "n"):
         if proto.HasField(name):
             kwargs[name] = getattr(proto, name)
     if proto.HasField("top_k") and proto.top_k > 0:

@@ -38,7 +38,12 @@ def chat(**fields: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("route", "body", "param", "code"),
     [
-        ("chat", chat(n=2), "n", None),
+        ("chat", chat(n=17), "n", None),
+        ("chat", chat(n=0), "n", None),
+        ("chat", chat(top_logprobs=3), "top_logprobs", None),  # without logprobs=true
+        ("chat", chat(logprobs=True, top_logprobs=21), "top_logprobs", None),
+        ("completions", {"model": "llama", "prompt": "hi", "logprobs": 21}, "logprobs", None),
+        ("completions", {"model": "llama", "prompt": "hi", "n": 99}, "n", None),
         ("chat", chat(messages=[{"role": "wizard", "content": "hi"}]), "messages[0].role", None),
         ("chat", chat(messages=[]), "messages", None),
         ("chat", chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),

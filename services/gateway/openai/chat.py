@@ -8,7 +8,8 @@ import json
 from hanzo.inference.v1 import inference_pb2
 from services.gateway.openai import tool_calls
 from services.gateway.openai.errors import invalid
-from services.gateway.openai.sampling import fill_generate
+from services.gateway.openai.logprobs import chat_logprobs
+from services.gateway.openai.sampling import fill_generate, fill_logprobs
 from services.gateway.openai.schemas import (
     AssistantMessage,
     AssistantToolCall,
@@ -19,7 +20,7 @@ from services.gateway.openai.schemas import (
     ToolCallFunction,
     ToolDef,
 )
-from services.gateway.openai.streaming import Chunks, Outcome, usage_of
+from services.gateway.openai.streaming import Chunks, Outcome, total_usage, usage_of
 
 # vLLM's chat default: no budget means "until the reply ends or the context is full" (the engine stops
 # at its context length), not the proto's 16. Set after classification, which reads an unset budget
@@ -30,8 +31,8 @@ UNTIL_CONTEXT_END = 2**31 - 1
 def to_generate(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
     """The request to route; HttpError (400) naming the field for what the mesh cannot serve. Roles and
     tools are checked by the request path itself (services.common.chat), as for the gRPC Chat."""
-    if body.logprobs:
-        raise invalid("logprobs", "is not supported by this server")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise invalid("top_logprobs", "needs logprobs set to true")
     choice = tool_calls.mode(body)
     request = inference_pb2.GenerateRequest(model=body.model)
     chat = request.chat
@@ -42,6 +43,7 @@ def to_generate(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
         chat.tools.append(_tool(i, tool))
     budget = body.max_completion_tokens or body.max_tokens
     fill_generate(body, request, budget)
+    fill_logprobs(request.sampling, "top_logprobs", (body.top_logprobs or 0) if body.logprobs else None)
     tool_calls.constrain(body, choice, request.sampling)
     return request
 
@@ -52,9 +54,26 @@ def fill_default_budget(request: inference_pb2.GenerateRequest) -> None:
         request.sampling.max_tokens = UNTIL_CONTEXT_END
 
 
-def reply(outcome: Outcome, request_id: str, created: int, body: ChatCompletionRequest) -> ChatCompletion:
-    """The non-streamed chat.completion for a finished generation, its tool calls parsed out."""
-    parsed = tool_calls.parse(outcome.text, tool_calls.mode(body))
+def reply(
+    outcomes: list[Outcome], request_id: str, created: int, body: ChatCompletionRequest
+) -> ChatCompletion:
+    """The non-streamed chat.completion for a finished generation: a choice per outcome, its tool calls
+    parsed out."""
+    choice = tool_calls.mode(body)
+    return ChatCompletion.model_construct(
+        id=f"chatcmpl-{request_id}",
+        object="chat.completion",
+        created=created,
+        model=body.model,
+        choices=[
+            _choice(index, outcome, choice, bool(body.logprobs)) for index, outcome in enumerate(outcomes)
+        ],
+        usage=usage_of(total_usage(o.usage for o in outcomes)),
+    )
+
+
+def _choice(index: int, outcome: Outcome, tool_choice: str | None, logprobs: bool) -> ChatChoice:
+    parsed = tool_calls.parse(outcome.text, tool_choice)
     calls = [
         AssistantToolCall.model_construct(
             id=c.id,
@@ -63,23 +82,12 @@ def reply(outcome: Outcome, request_id: str, created: int, body: ChatCompletionR
         )
         for c in parsed.calls
     ]
-    return ChatCompletion.model_construct(
-        id=f"chatcmpl-{request_id}",
-        object="chat.completion",
-        created=created,
-        model=body.model,
-        choices=[
-            ChatChoice.model_construct(
-                index=0,
-                message=AssistantMessage.model_construct(
-                    role="assistant", content=parsed.content, tool_calls=calls
-                ),
-                logprobs=None,
-                finish_reason=finish_reason(outcome, parsed),
-                stop_reason=outcome.stop_reason,
-            )
-        ],
-        usage=usage_of(outcome.usage),
+    return ChatChoice.model_construct(
+        index=index,
+        message=AssistantMessage.model_construct(role="assistant", content=parsed.content, tool_calls=calls),
+        logprobs=chat_logprobs(outcome.logprobs) if logprobs else None,
+        finish_reason=finish_reason(outcome, parsed),
+        stop_reason=outcome.stop_reason,
     )
 
 

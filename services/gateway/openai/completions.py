@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from hanzo.inference.v1 import inference_pb2
 from services.gateway.openai.errors import invalid
-from services.gateway.openai.sampling import fill_generate
+from services.gateway.openai.logprobs import completion_logprobs
+from services.gateway.openai.sampling import fill_generate, fill_logprobs
 from services.gateway.openai.schemas import Completion, CompletionChoice, CompletionRequest
-from services.gateway.openai.streaming import Chunks, Outcome, usage_of
+from services.gateway.openai.streaming import Chunks, Outcome, total_usage, usage_of
 
 
 def to_generate(body: CompletionRequest) -> inference_pb2.GenerateRequest:
@@ -19,8 +20,6 @@ def to_generate(body: CompletionRequest) -> inference_pb2.GenerateRequest:
         raise invalid("suffix", "is not supported by this server")
     if body.best_of is not None and body.best_of != 1:
         raise invalid("best_of", "only 1 is supported")
-    if body.logprobs is not None:
-        raise invalid("logprobs", "is not supported by this server")
     request = inference_pb2.GenerateRequest(model=body.model)
     prompt = _one_prompt(body.prompt)
     if isinstance(prompt, str):
@@ -29,6 +28,7 @@ def to_generate(body: CompletionRequest) -> inference_pb2.GenerateRequest:
         request.prompt_token_ids.SetInParent()  # an empty list still selects token ids (and is refused)
         request.prompt_token_ids.ids.extend(prompt)
     fill_generate(body, request, body.max_tokens)
+    fill_logprobs(request.sampling, "logprobs", body.logprobs)
     return request
 
 
@@ -36,8 +36,8 @@ def fill_default_budget(request: inference_pb2.GenerateRequest) -> None:
     """Nothing to fill: the proto's unset max_tokens (16) is the completions default."""
 
 
-def reply(outcome: Outcome, request_id: str, created: int, body: CompletionRequest) -> Completion:
-    """The non-streamed text_completion for a finished generation."""
+def reply(outcomes: list[Outcome], request_id: str, created: int, body: CompletionRequest) -> Completion:
+    """The non-streamed text_completion for a finished generation: a choice per outcome."""
     return Completion.model_construct(
         id=f"cmpl-{request_id}",
         object="text_completion",
@@ -45,14 +45,15 @@ def reply(outcome: Outcome, request_id: str, created: int, body: CompletionReque
         model=body.model,
         choices=[
             CompletionChoice.model_construct(
-                index=0,
+                index=index,
                 text=outcome.text,
-                logprobs=None,
+                logprobs=completion_logprobs(outcome.logprobs)[0] if body.logprobs is not None else None,
                 finish_reason=outcome.finish_reason,
                 stop_reason=outcome.stop_reason,
             )
+            for index, outcome in enumerate(outcomes)
         ],
-        usage=usage_of(outcome.usage),
+        usage=usage_of(total_usage(o.usage for o in outcomes)),
     )
 
 

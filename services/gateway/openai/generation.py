@@ -38,7 +38,7 @@ class TextRoute:
     schema: type[SamplingFields]
     to_generate: Callable[[Any], inference_pb2.GenerateRequest]
     fill_default_budget: Callable[[inference_pb2.GenerateRequest], None]
-    reply: Callable[[Outcome, str, int, Any], BaseModel]  # (outcome, request id, created, body)
+    reply: Callable[[list[Outcome], str, int, Any], BaseModel]  # (a choice's each, request id, created, body)
     chunks: Callable[[str, int, str], Chunks]
 
 
@@ -70,15 +70,15 @@ async def generate(front: Front, route: TextRoute, request: Request, span: trace
     created = int(time.time())
     headers = {REQUEST_ID_HEADER: request.headers.get(REQUEST_ID_HEADER) or request_id}
     if not body.stream:
-        outcome = await front.guarded(request, collect(stream), deadline)
-        reply = route.reply(outcome, request_id, created, body)
+        outcomes = await front.guarded(request, collect(stream), deadline)
+        reply = route.reply(outcomes, request_id, created, body)
         return Response(reply.model_dump_json(), 200, headers, "application/json")
     first = await front.guarded(request, anext(stream), deadline)
     writer = route.chunks(request_id, created, body.model)
     ended = lambda: end_span(span, 200)  # noqa: E731
     choice = chat.holds_calls(body) if route is CHAT else None
     if choice is None:
-        sse = events(first, stream, writer, include_usage(body), deadline, ended)
+        sse = events(first, stream, writer, include_usage(body), deadline, ended, message.sampling.n or 1)
     else:  # a reply that may be a tool call is sent once whole, in OpenAI's delta shape
         sse = whole_events(first, stream, writer, include_usage(body), deadline, ended, choice)
     return SSEResponse(sse, stream, headers={**headers, "cache-control": "no-cache"})

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 from hanzo.inference.v1 import inference_pb2
+from services.common.sampling import MAX_CHOICES, MAX_LOGPROBS
 from services.gateway.classify import from_name
 from services.gateway.openai.errors import invalid
 from services.gateway.openai.schemas import SamplingFields
@@ -18,8 +19,6 @@ def fill_generate(
 ) -> None:
     """Set request's sampling, tenant and workload class from body. max_tokens: the output budget the
     endpoint resolved (None: the worker's default). HttpError (400) for what cannot be served."""
-    if body.n is not None and body.n != 1:
-        raise invalid("n", "only 1 choice per request is supported; send several requests instead")
     if body.stream_options is not None and not body.stream:
         raise invalid("stream_options", "is only allowed with stream=true")
     sampling = request.sampling
@@ -33,6 +32,10 @@ def fill_generate(
         sampling.max_tokens = max_tokens
     if body.seed is not None:
         sampling.seed = body.seed & _SEED_MASK
+    if body.n is not None:
+        if not 0 < body.n < 2**32:
+            raise invalid("n", f"must be an integer in [1, {MAX_CHOICES}], got {body.n}")
+        sampling.n = body.n
     if body.stop:
         sampling.stop.extend([body.stop] if isinstance(body.stop, str) else body.stop)
     if body.stop_token_ids:
@@ -97,6 +100,16 @@ def _fill_structured(body: SamplingFields, sampling: inference_pb2.SamplingParam
         structured.regex = body.guided_regex or ""
     else:
         structured.choice.values.extend(body.guided_choice or [])
+
+
+def fill_logprobs(sampling: inference_pb2.SamplingParams, param: str, top: int | None) -> None:
+    """Ask for logprobs with top alternatives per token (None: none); a 400 naming param when out of
+    range, as the endpoint names the field (chat's top_logprobs, completions' logprobs)."""
+    if top is None:
+        return
+    if not 0 <= top <= MAX_LOGPROBS:
+        raise invalid(param, f"must be an integer in [0, {MAX_LOGPROBS}], got {top}")
+    sampling.logprobs = top
 
 
 def include_usage(body: SamplingFields) -> bool:

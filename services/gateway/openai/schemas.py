@@ -1,7 +1,7 @@
 """Request and reply bodies of the OpenAI-compatible API, as pydantic models (OpenAI's field names).
 
 Requests ignore fields they do not know, as OpenAI's and vLLM's servers do; fields the mesh knows but
-cannot honour (logprobs, n > 1, ...) are declared so that a request setting them gets a 400
+cannot honour (echo, suffix, best_of > 1, ...) are declared so that a request setting them gets a 400
 naming the field instead of a silently different answer (sampling.py checks them). Replies are built
 with model_construct from values the gateway made itself, so nothing is validated twice.
 """
@@ -161,7 +161,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None  # {"content": [...]}: logprobs.py
     finish_reason: str | None
     stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended it
 
@@ -178,7 +178,7 @@ class ChatCompletion(BaseModel):
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
-    logprobs: None = None
+    logprobs: dict[str, Any] | None = None  # the legacy shape: logprobs.py
     finish_reason: str | None
     stop_reason: str | int | None = None  # as ChatChoice's
 

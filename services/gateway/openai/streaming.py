@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 
 import anyio
 from starlette.responses import StreamingResponse
@@ -19,6 +19,7 @@ from starlette.types import Send
 
 from hanzo.inference.v1 import inference_pb2
 from services.gateway.openai.errors import HttpError, from_exception
+from services.gateway.openai.logprobs import Entries, chat_logprobs, completion_logprobs
 from services.gateway.openai.schemas import PromptTokensDetails, Usage
 from services.gateway.router import Deadline, DeadlineExceeded
 
@@ -32,12 +33,13 @@ DONE = "data: [DONE]\n\n"
 
 @dataclass(frozen=True)
 class Outcome:
-    """A finished generation: its whole text, finish reason, usage and stop reason."""
+    """One finished choice: its whole text, finish reason, usage, stop reason and per-token logprobs."""
 
     text: str
     finish_reason: str | None
     usage: inference_pb2.Usage
     stop_reason: str | int | None = None
+    logprobs: list[inference_pb2.TokenLogprobs] = field(default_factory=list)
 
 
 def stop_reason(response: inference_pb2.GenerateResponse) -> str | int | None:
@@ -47,14 +49,38 @@ def stop_reason(response: inference_pb2.GenerateResponse) -> str | int | None:
     return None if which is None else getattr(response, which)
 
 
-async def collect(stream: AsyncIterator[inference_pb2.GenerateResponse]) -> Outcome:
-    """Read a generation to its end."""
-    texts: list[str] = []
-    last = inference_pb2.GenerateResponse()
+async def collect(stream: AsyncIterator[inference_pb2.GenerateResponse]) -> list[Outcome]:
+    """Read a generation to its end: one Outcome per choice, in index order."""
+    texts: dict[int, list[str]] = {}
+    logprobs: dict[int, list[inference_pb2.TokenLogprobs]] = {}
+    last: dict[int, inference_pb2.GenerateResponse] = {}
     async for response in stream:
-        texts.append(response.text)
-        last = response
-    return Outcome("".join(texts), FINISH_REASONS.get(last.finish_reason), last.usage, stop_reason(last))
+        index = response.index
+        texts.setdefault(index, []).append(response.text)
+        logprobs.setdefault(index, []).extend(response.logprobs)
+        last[index] = response
+    if not last:
+        last[0] = inference_pb2.GenerateResponse()
+    return [
+        Outcome(
+            "".join(texts.get(i, ())),
+            FINISH_REASONS.get(end.finish_reason),
+            end.usage,
+            stop_reason(end),
+            logprobs.get(i, []),
+        )
+        for i, end in sorted(last.items())
+    ]
+
+
+def total_usage(usages: Iterable[inference_pb2.Usage]) -> inference_pb2.Usage:
+    """A request's usage over its choices: the prompt once (each choice reports it), the outputs summed."""
+    total = inference_pb2.Usage()
+    for usage in usages:
+        total.prompt_tokens = max(total.prompt_tokens, usage.prompt_tokens)
+        total.cached_prompt_tokens = max(total.cached_prompt_tokens, usage.cached_prompt_tokens)
+        total.completion_tokens += usage.completion_tokens
+    return total
 
 
 def usage_of(usage: inference_pb2.Usage) -> Usage:
@@ -67,41 +93,72 @@ def usage_of(usage: inference_pb2.Usage) -> Usage:
 
 
 class Chunks:
-    """The chunks of one stream: chat.completion.chunk deltas (chat) or text_completion texts."""
+    """The chunks of one stream: chat.completion.chunk deltas (chat) or text_completion texts, each for
+    one choice (its index), with that choice's logprobs when asked for."""
 
     def __init__(self, id_: str, object_: str, created: int, model: str, chat: bool) -> None:
         fields = {"id": id_, "object": object_, "created": created, "model": model}
-        head = "data: " + json.dumps(fields, separators=(",", ":"))[:-1]
+        self._head = "data: " + json.dumps(fields, separators=(",", ":"))[:-1]
         self.chat = chat
-        self._choice = head + ',"choices":[{"index":0,' + ('"delta":' if chat else '"text":')
-        self._usage = head + ',"choices":[],"usage":'
+        self._choices: dict[int, str] = {}
+        self._usage = self._head + ',"choices":[],"usage":'
+        self._text_offsets: dict[int, int] = {}  # per choice, for the legacy logprobs' text_offset
 
-    def opening(self) -> str | None:
-        """The first chunk: a chat stream names the assistant role before any text (as OpenAI's does)."""
+    def _choice(self, index: int) -> str:
+        prefix = self._choices.get(index)
+        if prefix is None:
+            opening = f',"choices":[{{"index":{index},' + ('"delta":' if self.chat else '"text":')
+            prefix = self._choices[index] = self._head + opening
+        return prefix
+
+    def opening(self, index: int = 0) -> str | None:
+        """A choice's first chunk: a chat stream names the assistant role before any text (as OpenAI's)."""
         if not self.chat:
             return None
-        return self._choice + '{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+        return (
+            self._choice(index)
+            + '{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}\n\n'
+        )
 
-    def delta(self, text: str, finish_reason: str | None, stop: str | int | None = None) -> str:
+    def delta(
+        self,
+        text: str,
+        finish_reason: str | None,
+        stop: str | int | None = None,
+        index: int = 0,
+        logprobs: Entries = (),
+    ) -> str:
         """A text delta; the last one carries finish_reason and vLLM's stop_reason."""
         reason = f'"{finish_reason}"' if finish_reason else "null"
         if finish_reason:
             reason += ',"stop_reason":' + json.dumps(stop)
+        tail = ',"logprobs":' + self._logprobs(index, logprobs) + ',"finish_reason":' + reason + "}]}\n\n"
         if not self.chat:
-            return self._choice + json.dumps(text) + ',"logprobs":null,"finish_reason":' + reason + "}]}\n\n"
+            return self._choice(index) + json.dumps(text) + tail
         body = '{"content":' + json.dumps(text) + "}" if text else "{}"
-        return self._choice + body + ',"logprobs":null,"finish_reason":' + reason + "}]}\n\n"
+        return self._choice(index) + body + tail
 
-    def raw_delta(self, delta: dict[str, object]) -> str:
+    def raw_delta(self, delta: dict[str, object], index: int = 0, logprobs: Entries = ()) -> str:
         """A chat chunk carrying delta as given (tool_calls)."""
         return (
-            self._choice
+            self._choice(index)
             + json.dumps(delta, separators=(",", ":"))
-            + ',"logprobs":null,"finish_reason":null}]}\n\n'
+            + ',"logprobs":'
+            + self._logprobs(index, logprobs)
+            + ',"finish_reason":null}]}\n\n'
         )
 
     def usage(self, usage: inference_pb2.Usage) -> str:
         return self._usage + usage_of(usage).model_dump_json() + "}\n\n"
+
+    def _logprobs(self, index: int, entries: Entries) -> str:
+        if not entries:
+            return "null"
+        if self.chat:
+            shape = chat_logprobs(entries)
+        else:
+            shape, self._text_offsets[index] = completion_logprobs(entries, self._text_offsets.get(index, 0))
+        return json.dumps(shape, separators=(",", ":"))
 
 
 async def events(
@@ -111,8 +168,10 @@ async def events(
     include_usage: bool,
     deadline: Deadline,
     ended: Callable[[], None],
+    choices: int = 1,
 ) -> AsyncIterator[str]:
-    """The SSE text of a stream whose first response is already read. deadline: a backstop for a
+    """The SSE text of a stream of `choices` choices whose first response is already read; it ends once
+    each choice has finished. deadline: a backstop for a
     worker that stops answering (the worker ends the stream at the deadline itself). ended: called once
     the stream is over, however it ended. Closing this iterator (the client went away) closes stream,
     which cancels the worker's."""
@@ -121,22 +180,29 @@ async def events(
         response = first
         remaining = deadline.time_remaining()
         deadline_at = asyncio.get_running_loop().time() + (remaining if remaining is not None else 1e9)
-        opening = chunks.opening()
-        if opening is not None:
-            yield opening
+        opened: set[int] = set()
+        usages: dict[int, inference_pb2.Usage] = {}
         while True:
+            index = response.index
+            if index not in opened:
+                opened.add(index)
+                opening = chunks.opening(index)
+                if opening is not None:
+                    yield opening
             reason = FINISH_REASONS.get(response.finish_reason)
-            if response.text or reason:
-                yield chunks.delta(response.text, reason, stop_reason(response))
+            if response.text or reason or response.logprobs:
+                yield chunks.delta(response.text, reason, stop_reason(response), index, response.logprobs)
             if reason:
-                break
+                usages[index] = response.usage
+                if len(usages) == choices:
+                    break
             try:
                 async with asyncio.timeout_at(deadline_at):
                     response = await anext(stream)
             except StopAsyncIteration:
                 break
         if include_usage:
-            yield chunks.usage(response.usage)
+            yield chunks.usage(total_usage(usages.values()))
 
     async for event in framed(deltas(), stream, ended):
         yield event

@@ -1,8 +1,8 @@
 """A streamed chat reply that may hold tool calls, sent once it is whole: its text could turn out to be
-a call, and a client must not have shown it as content by then. The chunks are OpenAI's: the role,
-then either the content or the calls (each with its index, id, type, name and whole arguments), then
-the finish reason, the usage if asked for, and [DONE]; an error after the stream began is sent in-band,
-as streaming.events does."""
+a call, and a client must not have shown it as content by then. The chunks are OpenAI's, choice by
+choice: the role, then either the content or the calls (each with its index, id, type, name and whole
+arguments), then the finish reason; then the usage if asked for, and [DONE]; an error after the stream
+began is sent in-band, as streaming.events does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Callable
 
 from hanzo.inference.v1 import inference_pb2
 from services.gateway.openai import tool_calls
-from services.gateway.openai.streaming import Chunks, Outcome, collect, framed
+from services.gateway.openai.streaming import Chunks, Outcome, collect, framed, total_usage
 from services.gateway.router import Deadline
 
 
@@ -27,19 +27,21 @@ async def whole_events(
     """The SSE text of a reply read whole (first already read), its tool calls parsed under choice."""
 
     async def body() -> AsyncIterator[str]:
-        outcome = await _read_rest(first, stream, deadline.time_remaining())
-        parsed = tool_calls.parse(outcome.text, choice)
-        opening = chunks.opening()
-        if opening is not None:
-            yield opening
-        if parsed.calls:
-            yield chunks.raw_delta({"tool_calls": [_delta(i, call) for i, call in enumerate(parsed.calls)]})
-        elif parsed.content:
-            yield chunks.delta(parsed.content, None)
-        reason = "tool_calls" if parsed.calls and outcome.finish_reason == "stop" else outcome.finish_reason
-        yield chunks.delta("", reason, outcome.stop_reason)
+        outcomes = await _read_rest(first, stream, deadline.time_remaining())
+        for index, outcome in enumerate(outcomes):
+            parsed = tool_calls.parse(outcome.text, choice)
+            opening = chunks.opening(index)
+            if opening is not None:
+                yield opening
+            calls = [_delta(i, call) for i, call in enumerate(parsed.calls)]
+            if calls:
+                yield chunks.raw_delta({"tool_calls": calls}, index, outcome.logprobs)
+            elif parsed.content or outcome.logprobs:
+                yield chunks.delta(parsed.content or "", None, None, index, outcome.logprobs)
+            reason = "tool_calls" if calls and outcome.finish_reason == "stop" else outcome.finish_reason
+            yield chunks.delta("", reason, outcome.stop_reason, index)
         if include_usage:
-            yield chunks.usage(outcome.usage)
+            yield chunks.usage(total_usage(o.usage for o in outcomes))
 
     async for event in framed(body(), stream, ended):
         yield event
@@ -49,12 +51,11 @@ async def _read_rest(
     first: inference_pb2.GenerateResponse,
     stream: AsyncIterator[inference_pb2.GenerateResponse],
     remaining: float | None,
-) -> Outcome:
+) -> list[Outcome]:
     async def chained() -> AsyncIterator[inference_pb2.GenerateResponse]:
         yield first
-        if not first.finish_reason:
-            async for response in stream:
-                yield response
+        async for response in stream:  # the stream ends after the last choice's last response
+            yield response
 
     async with asyncio.timeout(remaining):  # a backstop: the worker ends the stream at the deadline
         return await collect(chained())

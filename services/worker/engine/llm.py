@@ -11,6 +11,7 @@ from services.common.sampling import SamplingParams
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.errors import InvalidRequestError
 from services.worker.engine.llm_engine import LLMEngine
+from services.worker.engine.sequence import TokenLogprob
 
 
 @dataclass
@@ -24,6 +25,7 @@ class CompletionOutput:
     finish_reason: str  # "stop" or "length"
     num_cached_tokens: int
     stop_reason: str | int | None = None  # the stop string or stop token id that ended it (not EOS)
+    logprobs: list[TokenLogprob] | None = None  # with params.logprobs: one per token_ids entry
 
 
 class LLM:
@@ -61,9 +63,11 @@ class LLM:
                 engine.abort_request(seq.request_id)
             raise
         texts: dict[str, list[str]] = {rid: [] for rid in request_ids}
+        logprobs: dict[str, list[TokenLogprob]] = {rid: [] for rid in request_ids}
         while engine.has_unfinished_requests():
             for out in engine.step():
                 texts[out.request_id].append(out.new_text)
+                logprobs[out.request_id] += out.new_logprobs or ()
         tokenizer = engine.tokenizer
         results = []
         for seq in added:
@@ -81,6 +85,7 @@ class LLM:
                     finish_reason=seq.finish_reason.value if seq.finish_reason else "length",
                     num_cached_tokens=seq.num_cached_tokens,
                     stop_reason=seq.stop_reason,
+                    logprobs=logprobs[seq.request_id] if seq.params.logprobs is not None else None,
                 )
             )
         return results

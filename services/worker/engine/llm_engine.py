@@ -20,6 +20,7 @@ from services.worker.engine.model_placement import place_model
 from services.worker.engine.model_runner import ModelRunner
 from services.worker.engine.outputs import RequestOutput, TextState, make_output
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
+from services.worker.engine.request_checks import check_params, prompt_token_ids
 from services.worker.engine.scheduled_batch import ScheduledBatch
 from services.worker.engine.scheduler import Scheduler
 from services.worker.engine.scheduler_config import SchedulerConfig
@@ -197,13 +198,10 @@ class LLMEngine:
         self._check_resident()
         if not isinstance(params, SamplingParams):
             raise InvalidRequestError("sampling", f"expected SamplingParams, got {type(params).__name__}")
-        token_ids = self._tokenize(prompt)
-        vocab = self.model_config.vocab_size
-        outside = next((t for t, _ in params.logit_bias if t >= vocab), None)
-        if outside is not None:
-            raise InvalidRequestError(
-                "logit_bias", f"token id {outside} is outside the vocabulary [0, {vocab})"
-            )
+        check_params(params, self.model_config.vocab_size)
+        token_ids = prompt_token_ids(
+            prompt, self.tokenizer, self.model_config.vocab_size, self.layout.max_model_len
+        )
         seq = Sequence(
             request_id,
             token_ids,
@@ -366,31 +364,6 @@ class LLMEngine:
     def _forget(self, request_id: str) -> None:
         self._text.pop(request_id, None)
         self.runner.sampler.release(request_id)
-
-    def _tokenize(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("prompt", "is empty; send at least one character or token id")
-            if self.tokenizer is None:
-                raise InvalidRequestError("prompt", "this model has no tokenizer.json; send prompt_token_ids")
-            token_ids = self.tokenizer.encode(prompt)
-        else:
-            token_ids = list(prompt)
-        if not token_ids:
-            raise InvalidRequestError("prompt", "is empty; send at least one token")
-        vocab = self.model_config.vocab_size
-        bad = next((t for t in token_ids if not isinstance(t, int) or not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                "prompt_token_ids", f"token id {bad!r} is outside the vocabulary [0, {vocab})"
-            )
-        limit = self.layout.max_model_len
-        if len(token_ids) >= limit:
-            raise InvalidRequestError(
-                "prompt",
-                f"{len(token_ids)} tokens leave no room to generate: the model's context is {limit} tokens",
-            )
-        return token_ids
 
 
 def _decoder_config(config: DecoderConfig | EncoderConfig, model_dir: str | Path) -> DecoderConfig:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from services.worker.engine.kv_cache import KVCaches, KVCacheSpec
+from services.worker.engine.logprobs import StepLogprobs
 from services.worker.engine.sampler import Sampler
 from services.worker.engine.scheduled_batch import ScheduledBatch
 from services.worker.engine.sequence import Sequence
@@ -95,8 +96,11 @@ class ModelRunner:
         sampled: list[int | None] = [None] * len(batch.seqs)
         if inputs.sample_batch_index:
             seqs = [batch.seqs[i] for i in inputs.sample_batch_index]
+            logprobs = StepLogprobs.capture(logits, seqs)  # the model's own, before anything changes them
             _ban_early_stops(logits, seqs)
             tokens = self.sampler.sample(logits, seqs)
+            if logprobs is not None:
+                logprobs.record(tokens)
             for i, token in zip(inputs.sample_batch_index, tokens, strict=True):
                 sampled[i] = token
         return sampled

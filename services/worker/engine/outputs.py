@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from services.worker.engine.errors import EngineError
-from services.worker.engine.sequence import FinishReason, Sequence
+from services.worker.engine.sequence import FinishReason, Sequence, TokenLogprob
 from services.worker.models.tokenizer import IncrementalDecoder, Tokenizer
 
 
@@ -26,6 +26,8 @@ class RequestOutput:
     arrival_time: float  # monotonic, when the engine accepted the request
     first_scheduled_time: float | None  # monotonic, when it first left the queue
     error: EngineError | None = None  # set when the engine refused the request (finished, no tokens)
+    # With params.logprobs set: one per new_token_ids entry (else None).
+    new_logprobs: list[TokenLogprob] | None = None
 
 
 class TextState:
@@ -69,6 +71,9 @@ def make_output(
 ) -> RequestOutput:
     """Snapshot of seq after a step."""
     reason = seq.finish_reason
+    logprobs = None
+    if seq.params.logprobs is not None:
+        logprobs = [seq.logprob] if new_token_ids and seq.logprob is not None else []
     return RequestOutput(
         request_id=seq.request_id,
         new_token_ids=new_token_ids,
@@ -82,6 +87,7 @@ def make_output(
         arrival_time=seq.arrival_time,
         first_scheduled_time=seq.first_scheduled_time,
         error=error,
+        new_logprobs=logprobs,
     )
 
 
@@ -91,7 +97,10 @@ def merge(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
         later,
         new_token_ids=earlier.new_token_ids + later.new_token_ids,
         new_text=earlier.new_text + later.new_text,
+        new_logprobs=None
+        if later.new_logprobs is None
+        else (earlier.new_logprobs or []) + later.new_logprobs,
     )
 
 
-__all__ = ["FinishReason", "RequestOutput", "TextState", "make_output", "merge"]
+__all__ = ["FinishReason", "RequestOutput", "TextState", "TokenLogprob", "make_output", "merge"]

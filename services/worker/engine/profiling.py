@@ -18,6 +18,8 @@ from services.worker.engine.llm import LLM
 class DecodeStepTiming:
     step_ms: float  # median wall time of a whole engine step (schedule, prepare, forward, sample, update)
     forward_ms: float  # median wall time of the model forward + LM head alone, on the same batch
+    steps_ms: tuple[float, ...] = ()  # every step's wall time, in order
+    step_ends: tuple[float, ...] = ()  # time.perf_counter() at the end of each step
 
 
 def measure_decode_step(
@@ -48,13 +50,14 @@ def measure_decode_step(
             engine.scheduler.update(batch, sampled)
             if len(batch.seqs) == batch_size and batch.total_tokens == batch_size:
                 break
-        step_times, forward_times = [], []
+        step_times, forward_times, step_ends = [], [], []
         # Alternate the two measurements so drift in machine load hits both alike.
         for _ in range(steps):
             start = time.perf_counter()
             engine.step()
             _sync(engine.device)
-            step_times.append(time.perf_counter() - start)
+            step_ends.append(time.perf_counter())
+            step_times.append(step_ends[-1] - start)
             batch = engine.scheduler.schedule()
             assert batch is not None
             inputs = engine.runner.prepare(batch)
@@ -66,7 +69,12 @@ def measure_decode_step(
     finally:
         for request_id in ids:
             engine.abort_request(request_id)
-    return DecodeStepTiming(statistics.median(step_times) * 1e3, statistics.median(forward_times) * 1e3)
+    return DecodeStepTiming(
+        statistics.median(step_times) * 1e3,
+        statistics.median(forward_times) * 1e3,
+        tuple(t * 1e3 for t in step_times),
+        tuple(step_ends),
+    )
 
 
 def _sync(device: torch.device) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from dataclasses import dataclass
 
 from services.common.sampling import SamplingParams
 from services.worker.engine.policy.classes import DEFAULT_HINTS, SchedulingHints
@@ -19,6 +20,17 @@ class FinishReason(enum.Enum):
     STOP = "stop"  # EOS, a stop token id or a stop string
     LENGTH = "length"  # max_tokens reached, or the model's context is full
     ABORT = "abort"  # the caller went away or asked to stop
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One generated token's log probability, its rank (1: the likeliest) and the likeliest
+    alternatives as (token id, log probability), likeliest first (worker/engine/logprobs.py)."""
+
+    token_id: int
+    logprob: float
+    rank: int
+    top: tuple[tuple[int, float], ...]
 
 
 class Sequence:
@@ -37,6 +49,7 @@ class Sequence:
         "finish_reason",
         "first_scheduled_time",
         "hints",
+        "logprob",
         "matcher",
         "num_cached_tokens",
         "num_computed_tokens",
@@ -81,6 +94,8 @@ class Sequence:
         # The grammar matcher following the output (worker/engine/grammar.py) when the request asked
         # for structured output; None otherwise.
         self.matcher: object | None = None
+        # The latest sampled token's logprobs when params.logprobs is set; the step's output takes it.
+        self.logprob: TokenLogprob | None = None
 
     @property
     def num_tokens(self) -> int:

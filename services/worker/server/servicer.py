@@ -15,11 +15,12 @@ from services.common.sampling_proto import sampling_params
 from services.common.served import Authenticate
 from services.common.tracing import record_span
 from services.common.workload import WorkloadClass
+from services.worker.engine.choices import generate_choices
 from services.worker.engine.errors import AdmissionError
 from services.worker.engine.outputs import RequestOutput
 from services.worker.engine.policy.classes import SchedulingHints
 from services.worker.server.chat import chat_prompt
-from services.worker.server.convert import FINISH_REASONS, prompt_of
+from services.worker.server.convert import FINISH_REASONS, logprobs_message, prompt_of, token_texts
 from services.worker.server.host import ModelHost
 from services.worker.server.metrics import WorkerMetrics
 from services.worker.server.streams import StreamSession
@@ -89,36 +90,35 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         hints = SchedulingHints(workload=workload, tenant=request.tenant, deadline=deadline)
         request_id = request.request_id or uuid.uuid4().hex
         started = time.monotonic()
-        first_token_at = last_token_at = None
-        final: RequestOutput | None = None
+        first_token_at: dict[int, float] = {}  # per choice
+        last_token_at: dict[int, float] = {}
+        texts = token_texts(llm.engine.tokenizer) if params.logprobs is not None else None
         try:
-            async for out in llm.generate(prompt, params, request_id=request_id, hints=hints):
+            async for index, out in generate_choices(llm, prompt, params, request_id, hints):
                 now = time.monotonic()
                 response = inference_pb2.GenerateResponse(
-                    request_id=request_id, token_ids=out.new_token_ids, text=out.new_text
+                    request_id=request_id, token_ids=out.new_token_ids, text=out.new_text, index=index
                 )
-                if first_token_at is None:
-                    first_token_at = now
+                if texts is not None and out.new_logprobs:
+                    response.logprobs.extend(logprobs_message(out.new_logprobs, texts))
+                if index not in first_token_at:
+                    first_token_at[index] = now
                     response.workload_class = int(workload)
                     response.node_id = self.node_id
-                    self.metrics.ttft.labels(*labels).observe(now - started)
-                elif out.new_token_ids and last_token_at is not None:
-                    self.metrics.itl.labels(*labels).observe(now - last_token_at)
-                last_token_at = now
+                    if index == 0:
+                        self.metrics.ttft.labels(*labels).observe(now - started)
+                elif out.new_token_ids and index in last_token_at:
+                    self.metrics.itl.labels(*labels).observe(now - last_token_at[index])
+                last_token_at[index] = now
                 if out.finished:
-                    final = out
-                    response.finish_reason = FINISH_REASONS[out.finish_reason or "abort"]
-                    response.usage.CopyFrom(_usage(out))
-                    if isinstance(out.stop_reason, str):
-                        response.stop_string = out.stop_reason
-                    elif out.stop_reason is not None:
-                        response.stop_token_id = out.stop_reason
+                    _finish(response, out)
+                    self._record(
+                        request.model, workload, params.max_tokens, started, first_token_at[index], out
+                    )
                 yield response
         except AdmissionError as exc:  # answered RESOURCE_EXHAUSTED with its delay as RetryInfo
             self.metrics.rejected.labels(*labels, exc.reason).inc()
             raise
-        if final is not None and first_token_at is not None:
-            self._record(request.model, workload, params.max_tokens, started, first_token_at, final)
 
     async def Embed(
         self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
@@ -200,6 +200,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         record_span(self.tracer, "queue", started, max(started, scheduled), phase)
         record_span(self.tracer, "prefill", max(started, scheduled), first_token_at, phase)
         record_span(self.tracer, "decode", first_token_at, end, phase)
+
+
+def _finish(response: inference_pb2.GenerateResponse, out: RequestOutput) -> None:
+    """A choice's last response: finish reason, usage and what stopped it."""
+    response.finish_reason = FINISH_REASONS[out.finish_reason or "abort"]
+    response.usage.CopyFrom(_usage(out))
+    if isinstance(out.stop_reason, str):
+        response.stop_string = out.stop_reason
+    elif out.stop_reason is not None:
+        response.stop_token_id = out.stop_reason
 
 
 def _usage(out: RequestOutput) -> inference_pb2.Usage:
