@@ -6,11 +6,15 @@ request, the worker to render the template, so both agree on what a valid chat i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from hanzo.inference.v1 import inference_pb2
 from services.common.errors import InvalidArgument
+from services.common.sampling import SamplingParams
+from services.common.structured import StructuredOutput, StructureKind
+from services.common.tool_calls import call_schema, forces_call, tool_mode
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -26,6 +30,27 @@ def template_inputs(chat: inference_pb2.ChatInput) -> tuple[list[dict[str, Any]]
     messages = [_message(i, m) for i, m in enumerate(chat.messages)]
     tools = [_tool(i, t) for i, t in enumerate(chat.tools)]
     return messages, tools
+
+
+def tool_choice_params(
+    chat: inference_pb2.ChatInput, params: SamplingParams
+) -> tuple[SamplingParams, str | None]:
+    """The chat's tool mode (services/common/tool_calls.py; None without tools) and params with the
+    schema that forces a call under "required" or a named tool. InvalidArgument naming tool_choice for a
+    choice the tools cannot meet, or one forcing a call beside another structured output constraint."""
+    _, tools = template_inputs(chat)
+    functions = [tool["function"] for tool in tools]
+    mode = tool_mode(chat.tool_choice, [f["name"] for f in functions])
+    if not forces_call(mode):
+        return params, mode
+    assert mode is not None
+    if params.structured is not None:
+        raise InvalidArgument(
+            "tool_choice", "forcing a tool call cannot be combined with another structured output constraint"
+        )
+    schema = call_schema([(f["name"], f.get("parameters")) for f in functions], mode)
+    structured = StructuredOutput(StructureKind.JSON_SCHEMA, schema)
+    return dataclasses.replace(params, structured=structured), mode
 
 
 def _message(index: int, message: inference_pb2.ChatMessage) -> dict[str, Any]:

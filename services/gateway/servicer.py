@@ -68,7 +68,9 @@ def chat_to_generate(request: inference_pb2.ChatRequest) -> inference_pb2.Genera
     """The GenerateRequest that carries a Chat request to a worker, every field kept."""
     return inference_pb2.GenerateRequest(
         model=request.model,
-        chat=inference_pb2.ChatInput(messages=request.messages, tools=request.tools),
+        chat=inference_pb2.ChatInput(
+            messages=request.messages, tools=request.tools, tool_choice=request.tool_choice
+        ),
         sampling=request.sampling,
         workload_class=request.workload_class,
         request_id=request.request_id,

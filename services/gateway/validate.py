@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hanzo.inference.v1 import inference_pb2
-from services.common.chat import template_inputs
+from services.common.chat import tool_choice_params
 from services.common.errors import InvalidArgument
 from services.common.sampling_proto import sampling_params
 
@@ -19,15 +19,16 @@ def validate_generate(request: inference_pb2.GenerateRequest) -> str | Sequence[
     which = request.WhichOneof("input")
     if which is None:
         raise InvalidArgument("prompt", "missing: set prompt (text), prompt_token_ids or chat")
+    params = sampling_params(request.sampling)  # the worker's own check: InvalidArgument naming the field
     if which == "chat":
-        template_inputs(request.chat)  # the worker's own check: roles, tool calls, parameters_json
+        # The worker's own checks: roles, tool calls, parameters_json, tool_choice.
+        tool_choice_params(request.chat, params)
         key: str | Sequence[int] = opening_key(request.chat)
     else:
         # The token ids stay in the message: copying a long prompt into a list costs more than the rest.
         key = request.prompt if which == "prompt" else request.prompt_token_ids.ids
         if not key:
             raise InvalidArgument("prompt", "is empty; send text or at least one token id")
-    sampling_params(request.sampling)  # the worker's own check: InvalidArgument naming the field
     return key
 
 

@@ -1,5 +1,5 @@
-"""Tool calls on the OpenAI front, without a model: which mode a request asks for, the schema that forces
-a call, and the reply's text parsed back into calls (table-driven)."""
+"""Tool calls without a model: which mode an OpenAI request asks for, the schema that forces a call (as
+both APIs build it from a chat's tools), and the reply's text parsed back into calls (table-driven)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,10 @@ import jsonschema
 import pytest
 
 from hanzo.inference.v1 import inference_pb2
+from services.common.chat import tool_choice_params
+from services.common.errors import InvalidArgument
+from services.common.sampling import SamplingParams
+from services.common.structured import StructuredOutput, StructureKind
 from services.gateway.openai import tool_calls
 from services.gateway.openai.errors import HttpError
 from services.gateway.openai.schemas import ChatCompletionRequest
@@ -51,9 +55,10 @@ def test_the_mode_a_request_asks_for(fields: dict, expected: str | None) -> None
     ],
 )
 def test_bad_tool_choices_name_the_field(fields: dict, words: str) -> None:
-    with pytest.raises(HttpError, match=words) as raised:
+    with pytest.raises((HttpError, InvalidArgument), match=words) as raised:
         tool_calls.mode(_body(**fields))
-    assert raised.value.param == "tool_choice"
+    error = raised.value
+    assert (error.param if isinstance(error, HttpError) else error.field) == "tool_choice"
 
 
 @pytest.mark.parametrize(
@@ -64,18 +69,40 @@ def test_bad_tool_choices_name_the_field(fields: dict, words: str) -> None:
     ],
 )
 def test_a_forced_call_is_held_to_the_tools_schemas(choice: str, valid: dict, invalid: dict) -> None:
-    sampling = inference_pb2.SamplingParams()
-    tool_calls.constrain(_body(tools=TOOLS), choice, sampling)
-    schema = json.loads(sampling.structured.json_schema)
+    params, mode = tool_choice_params(_chat(choice), SamplingParams())
+    assert mode == choice and params.structured is not None
+    schema = json.loads(params.structured.spec)
     jsonschema.validate(valid, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate(invalid, schema)
 
 
+@pytest.mark.parametrize(("choice", "mode"), [("", "auto"), ("auto", "auto"), ("none", "none")])
+def test_a_call_not_forced_leaves_the_sampling_alone(choice: str, mode: str) -> None:
+    params = SamplingParams(temperature=0.3)
+    assert tool_choice_params(_chat(choice), params) == (params, mode)
+
+
 def test_a_forced_call_and_another_constraint_are_refused_together() -> None:
-    sampling = inference_pb2.SamplingParams(structured=inference_pb2.StructuredOutput(json_object=True))
-    with pytest.raises(HttpError, match="cannot be combined"):
-        tool_calls.constrain(_body(tools=TOOLS), "required", sampling)
+    params = SamplingParams(structured=StructuredOutput(StructureKind.JSON_OBJECT))
+    with pytest.raises(InvalidArgument, match="cannot be combined") as raised:
+        tool_choice_params(_chat("required"), params)
+    assert raised.value.field == "tool_choice"
+
+
+@pytest.mark.parametrize(("choice", "words"), [("nope", "names no declared tool"), ("always", "no declared")])
+def test_a_grpc_tool_choice_the_tools_cannot_meet_is_refused(choice: str, words: str) -> None:
+    with pytest.raises(InvalidArgument, match=words):
+        tool_choice_params(_chat(choice), SamplingParams())
+
+
+def _chat(choice: str) -> inference_pb2.ChatInput:
+    tools = [
+        inference_pb2.Tool(name="weather", parameters_json=json.dumps(WEATHER)),
+        inference_pb2.Tool(name="now"),
+    ]
+    messages = [inference_pb2.ChatMessage(role="user", content="hi")]
+    return inference_pb2.ChatInput(messages=messages, tools=tools, tool_choice=choice)
 
 
 CALL = '{"name": "weather", "arguments": {"city": "Oslo"}}'

@@ -86,7 +86,52 @@ def test_serve_smollm2_answers_through_the_openai_sdk(tmp_path: Path) -> None:
         assert reply.usage.prompt_tokens > 0 and reply.usage.completion_tokens > 0
         vectors = client.embeddings.create(model="minilm", input=["a sentence", "another one"])
         assert [len(d.embedding) for d in vectors.data] == [384, 384]
+        _logprobs_and_choices(client)
         _structured_replies(client)
+        _a_forced_call_over_grpc(lines["gateway"].split()[0], "k1")
+
+
+def _logprobs_and_choices(client: Any) -> None:
+    """The real SmolLM2's logprobs (greedy: each token the likeliest) and two seeded choices."""
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    reply = client.chat.completions.create(
+        model="smollm2", messages=question, temperature=0, max_tokens=8, logprobs=True, top_logprobs=5
+    )
+    content = reply.choices[0].logprobs.content
+    # Every generated token has its entry, the EOS that ended the reply too (as its token ids do).
+    assert "".join(e.token for e in content) == reply.choices[0].message.content + "<|im_end|>"
+    assert all(e.token == e.top_logprobs[0].token and len(e.top_logprobs) == 5 for e in content)
+    assert -20.0 < sum(e.logprob for e in content) <= 0.0  # a likely answer to the model itself
+    two = client.chat.completions.create(
+        model="smollm2", messages=question, temperature=1.0, seed=1, max_tokens=12, n=2
+    )
+    assert [c.index for c in two.choices] == [0, 1] and all(c.message.content for c in two.choices)
+    assert two.usage.prompt_tokens == reply.usage.prompt_tokens  # the prompt counted once
+    assert 2 <= two.usage.completion_tokens <= 24
+
+
+def _a_forced_call_over_grpc(address: str, api_key: str) -> None:
+    """gRPC's Chat with tool_choice naming a tool: the call comes back as fields of the last message."""
+    import grpc
+
+    from hanzo.inference.v1 import inference_pb2, inference_pb2_grpc
+
+    tool = WEATHER["function"]
+    request = inference_pb2.ChatRequest(
+        model="smollm2",
+        messages=[inference_pb2.ChatMessage(role="user", content="What is the weather in Paris right now?")],
+        tools=[inference_pb2.Tool(name=tool["name"], description=tool["description"],
+                                  parameters_json=json.dumps(tool["parameters"]))],
+        tool_choice="get_weather",
+        sampling=inference_pb2.SamplingParams(temperature=0.0, max_tokens=60),
+    )  # fmt: skip
+    with grpc.insecure_channel(address) as channel:
+        stub = inference_pb2_grpc.InferenceStub(channel)
+        responses = list(stub.Chat(request, metadata=(("authorization", f"Bearer {api_key}"),), timeout=120))
+    last = responses[-1]
+    assert last.finish_reason == inference_pb2.FINISH_REASON_TOOL_CALLS
+    (call,) = last.tool_calls
+    assert call.name == "get_weather" and "paris" in json.loads(call.arguments)["city"].lower()
 
 
 PERSON = {

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
+import jsonschema
 import pytest
 import pytest_asyncio
 
@@ -100,12 +102,51 @@ async def test_a_tool_result_turn_is_agent_work(mesh: Mesh) -> None:
         (chat(inference_pb2.ChatMessage(role="user", content="word " * 1500)),
          grpc.StatusCode.INVALID_ARGUMENT, "messages: "),
         (chat(model="plain"), grpc.StatusCode.FAILED_PRECONDITION, "template"),
+        (chat(tool_choice="required"), grpc.StatusCode.INVALID_ARGUMENT, "tool_choice: needs tools"),
+        (chat(tools=[SEARCH], tool_choice="lookup"), grpc.StatusCode.INVALID_ARGUMENT,
+         "tool_choice: names no declared tool"),
+        (chat(tools=[SEARCH], tool_choice="search", sampling=inference_pb2.SamplingParams(
+            structured=inference_pb2.StructuredOutput(json_object=True))),
+         grpc.StatusCode.INVALID_ARGUMENT, "tool_choice: forcing a tool call cannot be combined"),
     ],
 )  # fmt: skip
 async def test_chat_bad_input(mesh: Mesh, request_: inference_pb2.ChatRequest, code, words: str) -> None:
     with pytest.raises(grpc.aio.AioRpcError) as err:
         await collect(mesh, request_)
     assert err.value.code() == code and words in (err.value.details() or ""), err.value.details()
+
+
+WEATHER = inference_pb2.Tool(
+    name="weather",
+    parameters_json=json.dumps({
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}}, "required": ["city"],
+        "additionalProperties": False,
+    }),
+)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "names"), [("weather", {"weather"}), ("required", {"weather", "search"})]
+)
+async def test_a_forced_tool_call_comes_back_as_fields(mesh: Mesh, tool_choice: str, names: set[str]) -> None:
+    # Random weights would never write a call of their own: the schema makes whatever they say one.
+    sampling = inference_pb2.SamplingParams(temperature=1.0, seed=3, max_tokens=120)
+    responses = await collect(mesh, chat(tools=[SEARCH, WEATHER], tool_choice=tool_choice, sampling=sampling))
+    last = responses[-1]
+    assert last.finish_reason == inference_pb2.FINISH_REASON_TOOL_CALLS, "".join(r.text for r in responses)
+    (call,) = last.tool_calls
+    assert call.name in names and call.id.startswith("call_")
+    arguments = json.loads(call.arguments)
+    if call.name == "weather":
+        jsonschema.validate(arguments, json.loads(WEATHER.parameters_json))
+    assert json.loads("".join(r.text for r in responses)) == {"name": call.name, "arguments": arguments}
+    assert not any(r.tool_calls for r in responses[:-1])
+
+
+async def test_a_reply_without_calls_under_auto_is_plain_text(mesh: Mesh) -> None:
+    responses = await collect(mesh, chat(tools=[SEARCH]))  # auto: random weights write no <tool_call>
+    assert not responses[-1].tool_calls
+    assert responses[-1].finish_reason == inference_pb2.FINISH_REASON_LENGTH
 
 
 async def test_chat_needs_a_key(mesh: Mesh) -> None:

@@ -44,7 +44,8 @@ def to_generate(body: ChatCompletionRequest) -> inference_pb2.GenerateRequest:
     budget = body.max_completion_tokens or body.max_tokens
     fill_generate(body, request, budget)
     fill_logprobs(request.sampling, "top_logprobs", (body.top_logprobs or 0) if body.logprobs else None)
-    tool_calls.constrain(body, choice, request.sampling)
+    if choice is not None:
+        chat.tool_choice = choice  # the worker forces or parses the calls
     return request
 
 
@@ -92,7 +93,8 @@ def _choice(index: int, outcome: Outcome, tool_choice: str | None, logprobs: boo
 
 
 def finish_reason(outcome: Outcome, parsed: tool_calls.Parsed) -> str | None:
-    """ "tool_calls" for a reply that ended on its own with calls in it, else the engine's reason."""
+    """ "tool_calls" for a reply that ended on its own with calls in it (the worker's reason then),
+    else the engine's reason."""
     return "tool_calls" if parsed.calls and outcome.finish_reason == "stop" else outcome.finish_reason
 
 

@@ -27,6 +27,7 @@ FINISH_REASONS = {
     inference_pb2.FINISH_REASON_STOP: "stop",
     inference_pb2.FINISH_REASON_LENGTH: "length",
     inference_pb2.FINISH_REASON_ABORT: "abort",  # vLLM passes the engine's "abort" on as it is
+    inference_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 DONE = "data: [DONE]\n\n"
 

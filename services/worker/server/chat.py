@@ -1,10 +1,12 @@
-"""A Chat request's prompt on the worker: its messages rendered with the model's own chat template."""
+"""A Chat request on the worker: its messages rendered with the model's own chat template, and the tool
+calls read back out of its replies."""
 
 from __future__ import annotations
 
 from hanzo.inference.v1 import inference_pb2
 from services.common.chat import template_inputs
 from services.common.errors import InvalidArgument
+from services.common.tool_calls import parse
 from services.worker.models.errors import NoChatTemplateError
 from services.worker.models.tokenizer import Tokenizer
 
@@ -25,3 +27,27 @@ def chat_prompt(chat: inference_pb2.ChatInput, tokenizer: Tokenizer | None, max_
             f"to reply: the model's context is {max_model_len} tokens",
         )
     return token_ids
+
+
+class ToolReplies:
+    """The tool calls of a chat's replies: each choice's text kept until it ends, then parsed under the
+    chat's tool mode (services/common/tool_calls.py) into its last response's tool_calls, with finish
+    reason TOOL_CALLS for a reply that ended on its own with calls in it. Nothing kept without tools."""
+
+    def __init__(self, mode: str | None) -> None:
+        self.mode = mode
+        self._texts: dict[int, list[str]] = {}
+
+    def push(self, index: int, text: str) -> None:
+        if self.mode not in (None, "none"):
+            self._texts.setdefault(index, []).append(text)
+
+    def finish(self, index: int, response: inference_pb2.GenerateResponse) -> None:
+        """Fill a choice's last response (its finish reason already set)."""
+        if self.mode in (None, "none"):
+            return
+        parsed = parse("".join(self._texts.pop(index, ())), self.mode)
+        for call in parsed.calls:
+            response.tool_calls.add(id=call.id, name=call.name, arguments=call.arguments)
+        if parsed.calls and response.finish_reason == inference_pb2.FINISH_REASON_STOP:
+            response.finish_reason = inference_pb2.FINISH_REASON_TOOL_CALLS

@@ -10,6 +10,7 @@ import grpc
 from opentelemetry import trace
 
 from hanzo.inference.v1 import inference_pb2, placer_pb2, worker_pb2, worker_pb2_grpc
+from services.common.chat import tool_choice_params
 from services.common.errors import Unauthenticated
 from services.common.sampling_proto import sampling_params
 from services.common.served import Authenticate
@@ -19,7 +20,7 @@ from services.worker.engine.choices import generate_choices
 from services.worker.engine.errors import AdmissionError
 from services.worker.engine.outputs import RequestOutput
 from services.worker.engine.policy.classes import SchedulingHints
-from services.worker.server.chat import chat_prompt
+from services.worker.server.chat import ToolReplies, chat_prompt
 from services.worker.server.convert import FINISH_REASONS, logprobs_message, prompt_of, token_texts
 from services.worker.server.host import ModelHost
 from services.worker.server.metrics import WorkerMetrics
@@ -81,7 +82,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         scheduler orders by (None: the caller set none). Raises typed errors (see error_status.py)."""
         llm = self.host.generator(request.model)
         params = sampling_params(request.sampling)
+        tools = ToolReplies(None)
         if request.WhichOneof("input") == "chat":
+            params, mode = tool_choice_params(request.chat, params)
+            tools = ToolReplies(mode)
             prompt = chat_prompt(request.chat, llm.engine.tokenizer, llm.engine.layout.max_model_len)
         else:
             prompt = prompt_of(request)
@@ -110,8 +114,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 elif out.new_token_ids and index in last_token_at:
                     self.metrics.itl.labels(*labels).observe(now - last_token_at[index])
                 last_token_at[index] = now
+                tools.push(index, out.new_text)
                 if out.finished:
                     _finish(response, out)
+                    tools.finish(index, response)
                     self._record(
                         request.model, workload, params.max_tokens, started, first_token_at[index], out
                     )
