@@ -24,6 +24,7 @@ from typing import Any
 
 from services.common.errors import InvalidArgument
 
+OPEN_TAG = "<tool_call>"
 _BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 MODES = ("none", "auto", "required")  # or a declared function's name

@@ -168,6 +168,22 @@ async def test_a_forced_tool_call_comes_back_as_tool_calls_plain_and_streamed(
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+async def test_an_auto_tool_reply_without_calls_streams_as_content(mesh: Mesh) -> None:
+    # Random weights write no <tool_call>: the reply is content, streamed token by token, not held whole.
+    fields = {
+        "tools": [SEARCH_TOOL],
+        "temperature": 0.0,
+        "max_tokens": 12,
+        "extra_body": {"ignore_eos": True},
+    }
+    client = sdk(mesh)
+    reply = await client.chat.completions.create(model="llama", messages=MESSAGES, **fields)
+    stream = await client.chat.completions.create(model="llama", messages=MESSAGES, stream=True, **fields)
+    texts = [c.choices[0].delta.content async for c in stream if c.choices and c.choices[0].delta.content]
+    assert "".join(texts) == reply.choices[0].message.content and len(texts) > 1
+    assert reply.choices[0].finish_reason == "length" and not reply.choices[0].message.tool_calls
+
+
 async def test_completions_text_and_token_ids_match_grpc(mesh: Mesh) -> None:
     client = sdk(mesh)
     budget = {"temperature": 0.0, "max_tokens": 12, "extra_body": {"ignore_eos": True}}

@@ -21,6 +21,7 @@ from starlette.responses import Response
 from hanzo.inference.v1 import inference_pb2
 from services.gateway.classify import classify_generate
 from services.gateway.openai import chat, completions
+from services.gateway.openai.auto_tool_stream import auto_events
 from services.gateway.openai.front import Front, end_span
 from services.gateway.openai.sampling import include_usage
 from services.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -77,8 +78,11 @@ async def generate(front: Front, route: TextRoute, request: Request, span: trace
     writer = route.chunks(request_id, created, body.model)
     ended = lambda: end_span(span, 200)  # noqa: E731
     choice = chat.holds_calls(body) if route is CHAT else None
+    choices = message.sampling.n or 1
     if choice is None:
-        sse = events(first, stream, writer, include_usage(body), deadline, ended, message.sampling.n or 1)
-    else:  # a reply that may be a tool call is sent once whole, in OpenAI's delta shape
+        sse = events(first, stream, writer, include_usage(body), deadline, ended, choices)
+    elif choice == "auto":  # content streams until a call begins; calls come whole, in the delta shape
+        sse = auto_events(first, stream, writer, include_usage(body), deadline, ended, choices)
+    else:  # a forced call is sent once whole, in OpenAI's delta shape
         sse = whole_events(first, stream, writer, include_usage(body), deadline, ended, choice)
     return SSEResponse(sse, stream, headers={**headers, "cache-control": "no-cache"})

@@ -1,8 +1,8 @@
-"""A streamed chat reply that may hold tool calls, sent once it is whole: its text could turn out to be
-a call, and a client must not have shown it as content by then. The chunks are OpenAI's, choice by
-choice: the role, then either the content or the calls (each with its index, id, type, name and whole
-arguments), then the finish reason; then the usage if asked for, and [DONE]; an error after the stream
-began is sent in-band, as streaming.events does."""
+"""A streamed chat reply that is a forced tool call (tool_choice "required" or a named function), sent
+once it is whole: the call's JSON comes back parsed, not as content (auto_tool_stream.py streams "auto").
+The chunks are OpenAI's, choice by choice: the role, then either the content or the calls (each with its
+index, id, type, name and whole arguments), then the finish reason; then the usage if asked for, and
+[DONE]; an error after the stream began is sent in-band, as streaming.events does."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ async def whole_events(
             opening = chunks.opening(index)
             if opening is not None:
                 yield opening
-            calls = [_delta(i, call) for i, call in enumerate(parsed.calls)]
+            calls = [call_delta(i, call) for i, call in enumerate(parsed.calls)]
             if calls:
                 yield chunks.raw_delta({"tool_calls": calls}, index, outcome.logprobs)
             elif parsed.content or outcome.logprobs:
@@ -61,6 +61,6 @@ async def _read_rest(
         return await collect(chained())
 
 
-def _delta(index: int, call: tool_calls.Call) -> dict[str, object]:
+def call_delta(index: int, call: tool_calls.Call) -> dict[str, object]:
     function = {"name": call.name, "arguments": call.arguments}
     return {"index": index, "id": call.id, "type": "function", "function": function}
