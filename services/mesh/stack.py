@@ -135,6 +135,7 @@ class Stack:
                     "telemetry",
                     node_id=w.ready.get("node_id", f"mesh-w{i + 1}"),
                     placer_address=placer_address,
+                    metrics_port=ports.take(),  # DCGM-named GPU series, as dcgm-exporter serves them
                 ),
             )
             for i, w in enumerate(workers)

@@ -20,6 +20,7 @@ from services.common.tasks import cancel_and_wait
 from services.common.tracing import make_tracer_provider, shutdown_tracing
 from services.placer.config import PlacerSettings
 from services.placer.demand import demand_rates
+from services.placer.gpu_metrics import FleetGpuCollector
 from services.placer.metrics import PlacerMetrics
 from services.placer.placement import plan_replicas
 from services.placer.replica import PlacerReplica
@@ -49,6 +50,7 @@ class PlacerApp:
             self.metrics,
         )
         self.store, self.view, self.demand = self.replica.store, self.replica.view, self.replica.demand
+        self.metrics.registry.register(FleetGpuCollector(lambda: self.view.snapshot))
         self.servicer = PlacerServicer(settings, self.replica)
         self.server = new_server()
         check = server_check(settings.internal_token, "placer")

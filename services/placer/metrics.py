@@ -1,4 +1,5 @@
-"""Prometheus metrics of one placer, in its own registry (two placers can share a process in tests)."""
+"""Prometheus metrics of one placer, in its own registry (two placers can share a process in tests). The
+fleet's GPU series are collected from the snapshot at scrape time (gpu_metrics.py)."""
 
 from __future__ import annotations
 
@@ -37,17 +38,5 @@ class PlacerMetrics:
         self.stale = Gauge(
             "hanzo_placer_snapshot_stale",
             "1 while Redis cannot be read and picks use the last snapshot",
-            registry=self.registry,
-        )
-        self.gpu_temperature = Gauge(
-            "hanzo_gpu_temperature_celsius",
-            "Latest GPU temperature per worker",
-            ["node_id"],
-            registry=self.registry,
-        )
-        self.gpu_throttled = Gauge(
-            "hanzo_gpu_throttle_reasons",
-            "Latest NVML clock-event reason bits per worker",
-            ["node_id"],
             registry=self.registry,
         )

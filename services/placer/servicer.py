@@ -56,7 +56,7 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
             for sample in report.samples:
                 entry = self.view.thermal_entry(report.node_id, sample)
                 self.view.apply_thermal(report.node_id, entry)
-                self._observe_sample(report.node_id, sample)
+                self.metrics.telemetry_samples.inc()
                 try:
                     await self.store.write_thermal(report.node_id, entry, self.settings.node_ttl_s)
                 except Exception as exc:
@@ -73,8 +73,3 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
         self, request: placer_pb2.ListNodesRequest, context: grpc.aio.ServicerContext
     ) -> placer_pb2.ListNodesReply:
         return self.replica.list_nodes(list(request.node_ids))
-
-    def _observe_sample(self, node_id: str, sample: telemetry_pb2.GpuSample) -> None:
-        self.metrics.telemetry_samples.inc()
-        self.metrics.gpu_temperature.labels(node_id).set(sample.temperature_c)
-        self.metrics.gpu_throttled.labels(node_id).set(sample.clock_event_reasons)

@@ -7,8 +7,11 @@ import logging
 import signal
 import sys
 
+from prometheus_client import start_http_server
+
 from services.common.parent_death import die_with_launcher
 from services.telemetry.config import SettingsError, TelemetrySettings
+from services.telemetry.dcgm_metrics import DcgmMetrics, MeteredSource
 from services.telemetry.load_probe import PlacerLoadProbe
 from services.telemetry.simulated_source import SimulatedSource
 from services.telemetry.sources import SourceUnavailableError, open_source
@@ -28,8 +31,14 @@ async def serve(settings: TelemetrySettings) -> None:
     except BaseException:
         await probe.close()
         raise
+    simulated = isinstance(source, SimulatedSource)
+    metrics = DcgmMetrics(settings.hostname, settings.node_id)
+    http = None
+    if settings.metrics_port is not None:
+        http, _ = start_http_server(settings.metrics_port, registry=metrics.registry)
+    metrics_port = None if http is None else http.server_port
     streamer = TelemetryStreamer(
-        source,
+        MeteredSource(source, metrics),
         settings.node_id,
         settings.placer_address,
         settings.stream,
@@ -45,10 +54,10 @@ async def serve(settings: TelemetrySettings) -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
     tasks = [asyncio.create_task(streamer.run(), name="telemetry-streamer")]
-    kind = "simulated" if isinstance(source, SimulatedSource) else "nvml"
+    kind = "simulated" if simulated else "nvml"
     # One machine-readable line for launchers and tests.
-    print(f"TELEMETRY_READY node_id={settings.node_id} source={kind}", flush=True)
-    if isinstance(source, SimulatedSource):
+    print(f"TELEMETRY_READY node_id={settings.node_id} source={kind} metrics_port={metrics_port}", flush=True)
+    if simulated:
         tasks.append(asyncio.create_task(probe.run(), name="telemetry-load-probe"))
     else:
         await probe.close()  # real NVML utilisation needs no load input
@@ -56,6 +65,8 @@ async def serve(settings: TelemetrySettings) -> None:
         await asyncio.gather(*tasks)
     finally:
         await asyncio.to_thread(source.close)
+        if http is not None:
+            http.shutdown()
     logger.info(
         "telemetry agent stopped after %d samples, %d reconnects", streamer.samples_sent, streamer.reconnects
     )

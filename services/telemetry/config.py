@@ -1,7 +1,8 @@
 """Telemetry agent settings: one typed object read from HANZO_TELEMETRY_* env vars, split into slices.
 
 Every field has a default, so `python -m services.telemetry` starts on one machine with no config.
-Env names: the top-level fields by name (NODE_ID, PLACER_ADDRESS, SOURCE, GPU_INDEX), StreamSettings
+Env names: the top-level fields by name (NODE_ID, PLACER_ADDRESS, SOURCE, GPU_INDEX, METRICS_PORT,
+HOSTNAME), StreamSettings
 by field name (INTERVAL_S, BACKOFF_BASE_S, ...), ProbeSettings with PROBE_ and SimulatedGpuSettings
 with SIM_ in front (PROBE_INTERVAL_S, SIM_AMBIENT_C, ...).
 """
@@ -130,12 +131,16 @@ class SimulatedGpuSettings:
 
 @dataclass(frozen=True, kw_only=True)
 class TelemetrySettings:
-    """The whole agent. gpu_index None means every GPU NVML sees (or sim.gpu_count simulated ones)."""
+    """The whole agent. gpu_index None means every GPU NVML sees (or sim.gpu_count simulated ones).
+    metrics_port: the agent's Prometheus /metrics (dcgm-exporter's names: dcgm_metrics.py), None for
+    none, 0 for a free port; hostname: their Hostname label."""
 
     node_id: str = field(default_factory=socket.gethostname)
     placer_address: str = "127.0.0.1:50051"  # host:port of the placer; the mesh launcher sets it
     source: SourceKind = SourceKind.AUTO
     gpu_index: int | None = None
+    metrics_port: int | None = None
+    hostname: str = field(default_factory=socket.gethostname)
     stream: StreamSettings = field(default_factory=StreamSettings)
     probe: ProbeSettings = field(default_factory=ProbeSettings)
     sim: SimulatedGpuSettings = field(default_factory=SimulatedGpuSettings)
@@ -145,6 +150,11 @@ class TelemetrySettings:
         _check(bool(self.node_id), "node_id", "must not be empty")
         _check(bool(self.placer_address), "placer_address", "must not be empty (host:port)")
         _check(self.gpu_index is None or self.gpu_index >= 0, "gpu_index", "must be >= 0")
+        _check(
+            self.metrics_port is None or 0 <= self.metrics_port < 65536,
+            "metrics_port",
+            "must be in [0, 65535]",
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> TelemetrySettings:
@@ -158,6 +168,8 @@ class TelemetrySettings:
             ("placer_address", str),
             ("source", _source),
             ("gpu_index", int),
+            ("metrics_port", int),
+            ("hostname", str),
         ):
             value = _read(environ, ENV_PREFIX + name.upper(), parse)
             if value is not None:

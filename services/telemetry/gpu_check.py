@@ -1,4 +1,5 @@
-"""Real-GPU check: prints driver, device names and a few NVML readings as JSON lines; installs nothing.
+"""Real-GPU check: prints driver, device names and a few NVML readings as JSON lines, then the last
+readings as the agent's /metrics shows them (dcgm-exporter's names: dcgm_metrics.py); installs nothing.
 
 `python -m services.telemetry.gpu_check [--samples N] [--interval-s S]`. Exit 0 on success, 2 where
 there is no usable NVML (the message says so on stderr).
@@ -9,11 +10,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import socket
 import sys
 import time
 
 import pynvml
+from prometheus_client import generate_latest
 
+from services.telemetry.dcgm_metrics import DcgmMetrics
 from services.telemetry.nvml_source import NvmlSource
 
 
@@ -32,11 +36,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         print(json.dumps(source.describe()), flush=True)
+        readings = []
         for n in range(args.samples):
             if n:
                 time.sleep(args.interval_s)  # a plain script: no event loop to keep free
-            for reading in source.read():
+            readings = source.read()
+            for reading in readings:
                 print(json.dumps(dataclasses.asdict(reading)), flush=True)
+        metrics = DcgmMetrics(socket.gethostname(), "gpu-check")
+        metrics.update(readings)
+        exposition = generate_latest(metrics.registry).decode()
+        print("\n".join(line for line in exposition.splitlines() if line.startswith("DCGM_")), flush=True)
     finally:
         source.close()
     return 0

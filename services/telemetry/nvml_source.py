@@ -35,6 +35,12 @@ class NvmlSource:
         except pynvml.NVMLError:
             pynvml.nvmlShutdown()
             raise
+        # Fixed for a device's life, so asked once: (uuid, product name) per index.
+        self._ids = {
+            index: (_text(or_zero(pynvml.nvmlDeviceGetUUID, handle) or ""),
+                    _text(or_zero(pynvml.nvmlDeviceGetName, handle) or ""))
+            for index, handle in self._handles
+        }  # fmt: skip
         self._wall_clock = wall_clock
         self._open = True
 
@@ -58,6 +64,7 @@ class NvmlSource:
     def _read_one(self, index: int, handle: Any) -> GpuReading:
         memory = or_zero(pynvml.nvmlDeviceGetMemoryInfo, handle)
         rates = or_zero(pynvml.nvmlDeviceGetUtilizationRates, handle)
+        uuid, name = self._ids[index]
         return GpuReading(
             gpu_index=index,
             timestamp_s=self._wall_clock(),
@@ -75,6 +82,8 @@ class NvmlSource:
             memory_used_bytes=int(memory.used) if memory else 0,
             memory_total_bytes=int(memory.total) if memory else 0,
             utilization=rates.gpu / 100.0 if rates else 0.0,  # NVML reports percent
+            uuid=uuid,
+            name=name,
         )
 
 

@@ -46,6 +46,8 @@ class GpuReading:
     memory_used_bytes: int
     memory_total_bytes: int
     utilization: float  # busy fraction in [0, 1]
+    uuid: str = ""  # NVML's "GPU-..." id; "" when the source has none (simulated)
+    name: str = ""  # the product name, e.g. "NVIDIA H200"
 
     def to_proto(self) -> telemetry_pb2.GpuSample:
         """The wire form; power stays in watts, as the field names say."""

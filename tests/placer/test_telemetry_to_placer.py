@@ -53,7 +53,7 @@ async def test_simulated_samples_reach_the_placer(redis_server: RedisServer, tmp
             async def sampled() -> bool:
                 await stub.Heartbeat(node_report(NODE, running=64))
                 text = urllib.request.urlopen(metrics_url, timeout=2).read().decode()
-                return f'hanzo_gpu_temperature_celsius{{node_id="{NODE}"}}' in text
+                return f'hanzo_gpu_temperature_celsius{{node_id="{NODE}",source="simulated"}}' in text
 
             await eventually(sampled, 20, "the placer exports the node's simulated GPU temperature")
             reply = await stub.Pick(PICK)
