@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -22,6 +23,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract
 
 from services.common.error_status import StatusMapper, service_status
+from services.common.grpc_metrics import GrpcServerMetrics, MethodMetrics
 from services.common.retry_info import retry_trailers
 from services.common.tracing import local_span, records_spans, rpc_attributes
 
@@ -51,18 +53,25 @@ def serve_instrumented(
     authenticate: Authenticate | None = None,
     unwrapped: frozenset[str] = frozenset(),
     status_of: StatusMapper = service_status,
+    metrics: GrpcServerMetrics | None = None,
 ) -> None:
     """Replace each of service's methods on servicer (an instance of its generated servicer class) by
     the wrapped one; call before add_*Servicer_to_server. Methods named in unwrapped are left as they
     are: they trace and report each of the calls they carry themselves (a multiplexing method).
-    status_of: the status of each typed error the service raises (error_status.py)."""
+    status_of: the status of each typed error the service raises (error_status.py). metrics: where each
+    call is counted by its final status, refusals included (None: not counted)."""
     for method in service.methods:
         if method.name in unwrapped:
             continue
         behavior = getattr(servicer, method.name)
+        counted = (
+            None
+            if metrics is None
+            else metrics.method(service.full_name, method.name, method.server_streaming)
+        )
         call = _Call(
             f"/{service.full_name}/{method.name}", service.full_name, method.name, tracer, authenticate,
-            status_of,
+            status_of, counted,
         )  # fmt: skip
         wrapped = call.stream(behavior) if method.server_streaming else call.unary(behavior)
         setattr(servicer, method.name, wrapped)
@@ -79,8 +88,10 @@ class _Call:
         tracer: trace.Tracer,
         authenticate: Authenticate | None,
         status_of: StatusMapper,
+        metrics: MethodMetrics | None = None,
     ) -> None:
         self.full_method = full_method
+        self.metrics = metrics
         self.status_of = status_of
         self.attributes = rpc_attributes(service, method)
         self.tracer = tracer
@@ -89,14 +100,15 @@ class _Call:
     def unary(self, behavior: Callable[[Any, grpc.aio.ServicerContext], Any]) -> Callable[..., Any]:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> Any:
             metadata = dict(context.invocation_metadata() or ())
+            started = self._begin()
             with self._span(metadata) as span:
                 try:
                     if self.authenticate is not None:
                         self.authenticate(metadata)
                     reply = await behavior(request, context)
                 except BaseException as exc:
-                    await _fail(span, context, exc, self.status_of)
-                _finish(span, context)
+                    await _fail(span, context, exc, self.status_of, self._ended(started))
+                self._end(started, _finish(span, context))
                 return reply
 
         return handler
@@ -106,6 +118,7 @@ class _Call:
     ) -> Callable[..., Any]:
         async def handler(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             metadata = dict(context.invocation_metadata() or ())
+            started = self._begin()
             with self._span(metadata) as span:
                 try:
                     if self.authenticate is not None:
@@ -113,10 +126,22 @@ class _Call:
                     async for item in behavior(request, context):
                         yield item
                 except BaseException as exc:
-                    await _fail(span, context, exc, self.status_of)
-                _finish(span, context)
+                    await _fail(span, context, exc, self.status_of, self._ended(started))
+                self._end(started, _finish(span, context))
 
         return handler
+
+    def _begin(self) -> float:
+        if self.metrics is not None:
+            self.metrics.begin()
+        return time.perf_counter()
+
+    def _end(self, started: float, code: grpc.StatusCode) -> None:
+        if self.metrics is not None:
+            self.metrics.end(code, time.perf_counter() - started)
+
+    def _ended(self, started: float) -> Callable[[grpc.StatusCode], None]:
+        return lambda code: self._end(started, code)
 
     def _span(self, metadata: Mapping[str, str]) -> Any:
         return server_span(self.tracer, self.full_method, self.attributes, metadata)
@@ -140,27 +165,38 @@ def server_span(
     )
 
 
-def _finish(span: trace.Span, context: grpc.aio.ServicerContext) -> None:
+def _finish(span: trace.Span, context: grpc.aio.ServicerContext) -> grpc.StatusCode:
     code = context.code() or grpc.StatusCode.OK  # a handler may set_code() and return normally
     record_status(span, code, context.details())
+    return code
 
 
 async def _fail(
-    span: trace.Span, context: grpc.aio.ServicerContext, exc: BaseException, status_of: StatusMapper
+    span: trace.Span,
+    context: grpc.aio.ServicerContext,
+    exc: BaseException,
+    status_of: StatusMapper,
+    ended: Callable[[grpc.StatusCode], None],
 ) -> None:
-    """Record why the call ended on its span; a typed error becomes its status (abort raises)."""
+    """Record why the call ended on its span and hand its code to ended(); a typed error becomes its
+    status (abort raises)."""
     status = status_of(exc)
     if status is not None:
         code, details, retry_after_s = status
         record_status(span, code, details)
-        await context.abort(code, details, retry_trailers(code, details, retry_after_s))
+        ended(code)
+        await context.abort(code, details, retry_trailers(code, details, retry_after_s))  # raises
     if isinstance(exc, grpc.aio.AbortError):  # the handler called context.abort() itself
-        record_status(span, context.code() or grpc.StatusCode.UNKNOWN, context.details())
+        code = context.code() or grpc.StatusCode.UNKNOWN
+        ended(code)
+        record_status(span, code, context.details())
     elif isinstance(exc, asyncio.CancelledError | GeneratorExit):  # the caller went away
         record_status(span, grpc.StatusCode.CANCELLED, "the caller cancelled")
+        ended(grpc.StatusCode.CANCELLED)
     else:  # a bug: gRPC answers UNKNOWN with the exception's text
         span.record_exception(exc)
         record_status(span, grpc.StatusCode.UNKNOWN, f"{type(exc).__name__}: {exc}")
+        ended(grpc.StatusCode.UNKNOWN)
     raise exc
 
 

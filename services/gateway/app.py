@@ -10,6 +10,7 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import start_http_server
 
 from hanzo.inference.v1 import common_pb2, inference_pb2, inference_pb2_grpc
+from services.common.grpc_metrics import GrpcServerMetrics
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
 from services.common.served import serve_instrumented
 from services.common.tracing import make_tracer_provider, shutdown_tracing
@@ -66,10 +67,12 @@ class GatewayApp:
         if settings.rate_limit_rps > 0:
             limiter = RateLimiter(settings.rate_limit_rps, settings.burst, self.metrics.rate_limited)
         authenticate = Gatekeeper(keys, limiter) if keys or limiter else None
-        self.router = Router(settings, self.upstream, tracer)
+        self.router = Router(settings, self.upstream, tracer, self.metrics.tenant_tokens)
         servicer = InferenceServicer(self.router, self.metrics, tracer)
         # Health and reflection are registered unwrapped: probes and grpcurl need no key.
-        serve_instrumented(servicer, SERVICE, tracer, authenticate)
+        serve_instrumented(
+            servicer, SERVICE, tracer, authenticate, metrics=GrpcServerMetrics(self.metrics.registry)
+        )
         inference_pb2_grpc.add_InferenceServicer_to_server(servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.address = bind(self.server, settings.host, settings.port)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import grpc
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from services.common.workload import WorkloadClass
 
@@ -49,6 +49,20 @@ class GatewayMetrics:
             ["route", "status"],
             registry=r,
         )
+        self.http_in_flight = Gauge(
+            "hanzo_gateway_http_requests_in_flight",
+            "HTTP front requests being answered (a stream until its last event)",
+            ["route"],
+            registry=r,
+        )
+        self.http_seconds = Histogram(
+            "hanzo_gateway_http_request_duration_seconds",
+            "HTTP front requests from arrival to the response's end (a stream's whole life)",
+            ["route", "status"],
+            buckets=(0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0),
+            registry=r,
+        )
+        self.tenant_tokens = TenantTokens(r)
 
     def tally(self, method: str, transport: str) -> Tally:
         """The counters of one method on one transport; build once, at start."""
@@ -76,3 +90,32 @@ class Tally:
     def failed(self, workload: WorkloadClass, code: grpc.StatusCode) -> None:
         """Count a request that ended with code (failures are rare: the lookup is fine here)."""
         self._requests.labels(self.method, workload.name, code.name, self.transport).inc()
+
+
+class TenantTokens:
+    """Prompt and generated tokens per tenant (the request's tenant, OpenAI's `user`), for usage
+    accounting. Tenants are the caller's strings: past MAX_TENANTS distinct ones the rest count as
+    "other", so a caller cannot grow the series without bound."""
+
+    MAX_TENANTS = 1000
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._tokens = Counter(
+            "hanzo_gateway_tenant_tokens",
+            'Tokens by tenant ("" for none) and kind (prompt, generation)',
+            ["tenant", "kind"],
+            registry=registry,
+        )
+        self._seen: dict[str, tuple[Counter, Counter]] = {}
+
+    def add(self, tenant: str, prompt: int, generated: int) -> None:
+        children = self._seen.get(tenant)
+        if children is None:
+            label = tenant if len(self._seen) < self.MAX_TENANTS else "other"
+            children = (self._tokens.labels(label, "prompt"), self._tokens.labels(label, "generation"))
+            if label == tenant:
+                self._seen[tenant] = children
+        if prompt:
+            children[0].inc(prompt)
+        if generated:
+            children[1].inc(generated)

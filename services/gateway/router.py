@@ -24,7 +24,7 @@ from services.common.retry_info import retry_after_of
 from services.common.tracing import client_call_span, record_rpc_error, records_spans
 from services.common.workload import WorkloadClass
 from services.gateway.config import GatewaySettings
-from services.gateway.metrics import Tally
+from services.gateway.metrics import Tally, TenantTokens
 from services.gateway.upstream import Placement, Upstream, relay
 from services.gateway.validate import validate_embed, validate_generate
 from services.gateway.worker_link import LinkBroken
@@ -70,8 +70,11 @@ class DeadlineExceeded(Unavailable):
 
 
 class Router:
-    def __init__(self, settings: GatewaySettings, upstream: Upstream, tracer: trace.Tracer) -> None:
+    def __init__(
+        self, settings: GatewaySettings, upstream: Upstream, tracer: trace.Tracer, tenant_tokens: TenantTokens
+    ) -> None:
         self.settings = settings
+        self.tenant_tokens = tenant_tokens
         self.upstream = upstream
         self.tracer = tracer
         self.recording = records_spans(tracer)
@@ -121,6 +124,10 @@ class Router:
                             tally.ttft[workload].observe(time.monotonic() - started)
                         sent_any = True
                         tokens_sent += len(response.token_ids)
+                        if response.finish_reason:  # a choice's last message: its usage
+                            usage = response.usage  # the prompt once per request, not per choice
+                            prompt = usage.prompt_tokens if response.index == 0 else 0
+                            self.tenant_tokens.add(request.tenant, prompt, usage.completion_tokens)
                         yield response
                 except grpc.aio.AioRpcError as failed:
                     record_rpc_error(span, failed.code(), failed.details())

@@ -12,6 +12,7 @@ from opentelemetry.trace import TracerProvider
 from prometheus_client import start_http_server
 
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc
+from services.common.grpc_metrics import GrpcServerMetrics
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
 from services.common.internal_auth import server_check
 from services.common.redact import redact_url
@@ -54,7 +55,10 @@ class PlacerApp:
         self.servicer = PlacerServicer(settings, self.replica)
         self.server = new_server()
         check = server_check(settings.internal_token, "placer")
-        serve_instrumented(self.servicer, SERVICE, self.tracer_provider.get_tracer("hanzo.placer"), check)
+        tracer = self.tracer_provider.get_tracer("hanzo.placer")
+        serve_instrumented(
+            self.servicer, SERVICE, tracer, check, metrics=GrpcServerMetrics(self.metrics.registry)
+        )
         placer_pb2_grpc.add_PlacerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
         self.address = bind(self.server, settings.host, settings.port)

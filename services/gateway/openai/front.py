@@ -62,6 +62,9 @@ class Front:
         """handler's response, or the OpenAI error for what it raised; counted and traced. A streamed
         response ends its span itself, when the stream ends."""
         span = self._span(f"{request.method} {route}", route, request.headers)
+        started = time.perf_counter()
+        in_flight = self.metrics.http_in_flight.labels(route)
+        in_flight.inc()
         try:
             with trace.use_span(
                 span, end_on_exit=False, record_exception=False, set_status_on_exception=False
@@ -72,9 +75,18 @@ class Front:
         except Exception as exc:
             error = from_exception(exc)
             response = Response(error.json(), error.status, error.headers, "application/json")
-        self.metrics.http_responses.labels(route, str(response.status_code)).inc()
-        if not isinstance(response, SSEResponse):
+        status = str(response.status_code)
+        self.metrics.http_responses.labels(route, status).inc()
+
+        def done() -> None:
+            in_flight.dec()
+            self.metrics.http_seconds.labels(route, status).observe(time.perf_counter() - started)
+
+        if isinstance(response, SSEResponse):
+            response.on_close = done  # a stream is answered when its last event is out
+        else:
             end_span(span, response.status_code)
+            done()
         return response
 
     def authorize(self, request: Request) -> None:

@@ -253,6 +253,7 @@ class SSEResponse(StreamingResponse):
     ) -> None:
         super().__init__(content, headers=headers)
         self._source = source
+        self.on_close: Callable[[], None] | None = None  # called once the response has ended, however
 
     async def stream_response(self, send: Send) -> None:
         try:
@@ -261,3 +262,6 @@ class SSEResponse(StreamingResponse):
             with anyio.CancelScope(shield=True):
                 await self.body_iterator.aclose()  # type: ignore[attr-defined]
                 await self._source.aclose()  # type: ignore[attr-defined]
+            if self.on_close is not None:
+                self.on_close()
+                self.on_close = None

@@ -13,6 +13,7 @@ from prometheus_client import start_http_server
 from hanzo.inference.v1 import placer_pb2, worker_pb2, worker_pb2_grpc
 from services.common.channels import internal_channel
 from services.common.errors import ResourceExhausted
+from services.common.grpc_metrics import GrpcServerMetrics
 from services.common.grpc_server import add_health_and_reflection, bind, new_server, set_serving
 from services.common.internal_auth import call_metadata, server_check
 from services.common.served import serve_instrumented
@@ -54,6 +55,7 @@ class WorkerApp:
             check,
             unwrapped=frozenset({"GenerateStreams"}),
             status_of=worker_status,
+            metrics=GrpcServerMetrics(self.metrics.registry),
         )
         worker_pb2_grpc.add_WorkerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])
