@@ -13,7 +13,9 @@ from tests.placer.pick.helpers import snapshot_of
 def _series(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
     text = generate_latest(registry).decode()
     return {
-        (s.name, s.labels["node_id"]): s.value for f in text_string_to_metric_families(text) for s in f.samples
+        (s.name, s.labels["node_id"]): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
     }
 
 
