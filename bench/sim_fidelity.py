@@ -145,7 +145,7 @@ def _engine_steps(up: UpProcess) -> dict[str, dict[str, float]]:
             text = reply.read().decode()
         steps: dict[str, float] = {}
         for row in text.splitlines():
-            if row.startswith("hanzo_worker_engine_steps_total{") and f'model="{CHAT_MODEL}"' in row:
+            if row.startswith("hanzo_worker_engine_steps_total{") and f'model_name="{CHAT_MODEL}"' in row:
                 budget = row.split('budget="', 1)[1].split('"', 1)[0]
                 steps[budget] = float(row.rsplit(" ", 1)[1])
         found[cells[0]] = dict(sorted(steps.items(), key=lambda kv: int(kv[0])))

@@ -17,6 +17,7 @@ from hanzo.inference.v1 import inference_pb2
 from services.common.redis_server import RedisServer
 from tests.mesh_e2e.conftest import AUTH, Mesh
 from tests.mesh_e2e.http_helpers import MESSAGES, sdk, shared_mesh
+from tests.worker.engine.reference import mixed_prompts
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 SERVICE = "hanzo.inference.v1.Inference"
@@ -89,3 +90,27 @@ async def test_tokens_are_counted_per_tenant_with_the_prompt_once(mesh: Mesh) ->
 
     assert tokens("prompt") == reply.usage.prompt_tokens
     assert tokens("generation") == reply.usage.completion_tokens == 15
+
+
+async def test_the_worker_counts_prefix_cache_queries_and_hits_as_vllm_does(mesh: Mesh) -> None:
+    # Two choices of one 100-token prompt on one worker: the second finds the prompt's 96 tokens of full
+    # blocks in the cache, so hits / queries (vLLM's hit-rate query) is 96 / 200.
+    prompt = mixed_prompts(1, 512, seed=123, lengths=[100])[0]
+
+    def total(name: str, labels: dict[str, str]) -> float:
+        return sum(w.metrics.registry.get_sample_value(name, labels) or 0.0 for w in mesh.workers)
+
+    model = {"model_name": "llama"}
+    classed = {**model, "workload_class": "BATCH"}
+    before = {name: total(name, model) for name in ("hanzo_worker_prefix_cache_queries_total",
+                                                    "hanzo_worker_prefix_cache_hits_total")}  # fmt: skip
+    counts = ("hanzo_worker_request_prompt_tokens_count", "hanzo_worker_request_prefill_time_seconds_count")
+    counted = {name: total(name, classed) for name in counts}
+    await sdk(mesh).completions.create(
+        model="llama", prompt=prompt, n=2, max_tokens=3, extra_body={"workload_class": "batch"}
+    )
+    assert total("hanzo_worker_prefix_cache_queries_total", model) - before[
+        "hanzo_worker_prefix_cache_queries_total"] == 200  # fmt: skip
+    assert total("hanzo_worker_prefix_cache_hits_total", model) - before[
+        "hanzo_worker_prefix_cache_hits_total"] == 96  # fmt: skip
+    assert all(total(name, classed) == counted[name] + 2 for name in counts)

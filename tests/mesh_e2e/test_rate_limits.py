@@ -68,6 +68,9 @@ async def test_a_key_over_its_rate_is_refused_with_retry_info(
 
         async def only_admitted_calls_generated() -> bool:  # 3 admitted calls of 2 tokens; nothing else
             registry = mesh.workers[0].metrics.registry
-            return registry.get_sample_value("hanzo_worker_generation_tokens_total", {"model": "llama"}) == 6
+            return (
+                registry.get_sample_value("hanzo_worker_generation_tokens_total", {"model_name": "llama"})
+                == 6
+            )
 
         await eventually(only_admitted_calls_generated, 5, "the worker generated for the admitted calls only")

@@ -158,7 +158,7 @@ async def test_overloaded_workers_answer_resource_exhausted(redis_server, model_
         assert status is not None and status.details[0].Is(error_details_pb2.RetryInfo.DESCRIPTOR)
         delay = retry_after_of(err.value)
         assert delay is not None and delay > 0, delay
-        labels = {"model": "llama", "workload_class": "BATCH", "reason": "queue_full"}
+        labels = {"model_name": "llama", "workload_class": "BATCH", "reason": "queue_full"}
         for worker in mesh.workers:  # the gateway moved the refused request on to the other worker
             registry = worker.metrics.registry
             assert registry.get_sample_value("hanzo_worker_requests_rejected_total", labels) == 1

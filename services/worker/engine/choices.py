@@ -48,7 +48,11 @@ async def generate_choices(
     except BaseException:
         await first.aclose()
         raise
-    yield 0, opening
+    try:
+        yield 0, opening
+    except BaseException:  # the caller left before the other choices were added: abort the first
+        await first.aclose()
+        raise
     queue: asyncio.Queue[tuple[int, RequestOutput] | BaseException | object] = asyncio.Queue()
 
     async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:

@@ -1,5 +1,6 @@
-"""Worker metrics, named after vLLM's (vllm:time_to_first_token_seconds -> hanzo_worker_..._seconds)
-so dashboards carry over; labelled by model and workload class."""
+"""Worker metrics, named and labelled after vLLM's (vllm:time_to_first_token_seconds{model_name} ->
+hanzo_worker_time_to_first_token_seconds{model_name}) so a vLLM dashboard's queries carry over with the
+prefix swapped (deploy/SERVICES.md has the table); most also carry the workload class."""
 
 from __future__ import annotations
 
@@ -18,12 +19,14 @@ _K = TypeVar("_K", bound=Hashable)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 _TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5)
+# vLLM's 1-2-5 series of request lengths, up to a long context.
+_LENGTH_BUCKETS = tuple(float(m * 10**e) for e in range(6) for m in (1, 2, 5) if m * 10**e <= 200_000)
 
 
 class WorkerMetrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        labels = ["model", "workload_class"]
+        labels = ["model_name", "workload_class"]
         self.ttft = Histogram(
             "hanzo_worker_time_to_first_token_seconds",
             "Arrival to first token (vllm:time_to_first_token_seconds)",
@@ -59,24 +62,27 @@ class WorkerMetrics:
             registry=r,
         )
         self.prompt_tokens = Counter(
-            "hanzo_worker_prompt_tokens", "Prompt tokens (vllm:prompt_tokens_total)", ["model"], registry=r
+            "hanzo_worker_prompt_tokens",
+            "Prompt tokens (vllm:prompt_tokens_total)",
+            ["model_name"],
+            registry=r,
         )
         self.generation_tokens = Counter(
             "hanzo_worker_generation_tokens",
             "Generated tokens (vllm:generation_tokens_total)",
-            ["model"],
+            ["model_name"],
             registry=r,
         )
         self.running = Gauge(
             "hanzo_worker_num_requests_running",
             "Sequences running (vllm:num_requests_running)",
-            ["model"],
+            ["model_name"],
             registry=r,
         )
         self.waiting = Gauge(
             "hanzo_worker_num_requests_waiting",
             "Sequences queued (vllm:num_requests_waiting)",
-            ["model"],
+            ["model_name"],
             registry=r,
         )
         self.arena_bytes = Gauge(
@@ -89,7 +95,7 @@ class WorkerMetrics:
         self.model_bytes = Gauge(
             "hanzo_worker_model_bytes",
             "Arena bytes a resident model holds, by part (weights, kv)",
-            ["model", "part"],
+            ["model_name", "part"],
             registry=r,
         )
         self.evictions = Counter(
@@ -101,13 +107,54 @@ class WorkerMetrics:
         self.kv_usage = Gauge(
             "hanzo_worker_kv_cache_usage_ratio",
             "KV blocks in use, 0-1 (vllm:kv_cache_usage_perc)",
-            ["model"],
+            ["model_name"],
             registry=r,
         )
-        self.prefix_hits = Gauge(
-            "hanzo_worker_prefix_cache_hit_tokens",
-            "Prompt tokens served from the prefix cache",
-            ["model"],
+        self.prefix_queries = Counter(
+            "hanzo_worker_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache (vllm:prefix_cache_queries_total)",
+            ["model_name"],
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "hanzo_worker_prefix_cache_hits",
+            "Prompt tokens found in the prefix cache (vllm:prefix_cache_hits_total)",
+            ["model_name"],
+            registry=r,
+        )
+        self.request_prompt_tokens = Histogram(
+            "hanzo_worker_request_prompt_tokens",
+            "Prompt tokens per finished request (vllm:request_prompt_tokens)",
+            labels,
+            buckets=_LENGTH_BUCKETS,
+            registry=r,
+        )
+        self.request_generation_tokens = Histogram(
+            "hanzo_worker_request_generation_tokens",
+            "Generated tokens per finished request (vllm:request_generation_tokens)",
+            labels,
+            buckets=_LENGTH_BUCKETS,
+            registry=r,
+        )
+        self.prefill_time = Histogram(
+            "hanzo_worker_request_prefill_time_seconds",
+            "First schedule to first token (vllm:request_prefill_time_seconds)",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.decode_time = Histogram(
+            "hanzo_worker_request_decode_time_seconds",
+            "First token to finish (vllm:request_decode_time_seconds)",
+            labels,
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.inference_time = Histogram(
+            "hanzo_worker_request_inference_time_seconds",
+            "First schedule to finish (vllm:request_inference_time_seconds)",
+            labels,
+            buckets=_LATENCY_BUCKETS,
             registry=r,
         )
         self.preemptions = Counter(
@@ -127,20 +174,20 @@ class WorkerMetrics:
         self.step_budget = Gauge(
             "hanzo_worker_step_token_budget",
             "Token budget the scheduling policy chose for the latest engine step",
-            ["model"],
+            ["model_name"],
             registry=r,
         )
         self.steps = Counter(
             "hanzo_worker_engine_steps",
             "Engine steps run, by the token budget chosen for them",
-            ["model", "budget"],
+            ["model_name", "budget"],
             registry=r,
         )
         self.urgent_steps = Counter(
             "hanzo_worker_urgent_steps",
             "Steps of latency-class prompts run ahead of, or between the blocks of, a running step "
             "(layer-level preemption)",
-            ["model"],
+            ["model_name"],
             registry=r,
         )
         # Engine counters are cumulative per engine; a reloaded model is a new engine starting at zero.
@@ -175,7 +222,6 @@ class WorkerMetrics:
             self.running.labels(name).set(snap.running)
             self.waiting.labels(name).set(snap.waiting)
             self.kv_usage.labels(name).set(snap.kv_usage)
-            self.prefix_hits.labels(name).set(snap.prefix_hit_tokens)
             if snap.steps:  # before the first step there is no budget to report
                 self.step_budget.labels(name).set(snap.last_budget)
             exported = self._seen.setdefault(served.llm.engine, _Exported())

@@ -183,12 +183,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """Metrics and the engine-phase spans of a finished request (phases timed in the engine thread)."""
         end = time.monotonic()
         labels = (model, workload.name)
-        self.metrics.e2e.labels(*labels).observe(end - started)
-        self.metrics.requests.labels(*labels, final.finish_reason or "abort").inc()
-        self.metrics.prompt_tokens.labels(model).inc(final.num_prompt_tokens)
-        self.metrics.generation_tokens.labels(model).inc(final.num_output_tokens)
+        metrics = self.metrics
+        metrics.e2e.labels(*labels).observe(end - started)
+        metrics.requests.labels(*labels, final.finish_reason or "abort").inc()
+        metrics.prompt_tokens.labels(model).inc(final.num_prompt_tokens)
+        metrics.generation_tokens.labels(model).inc(final.num_output_tokens)
+        metrics.prefix_queries.labels(model).inc(final.num_prompt_tokens)
+        metrics.prefix_hits.labels(model).inc(final.num_cached_tokens)
+        metrics.request_prompt_tokens.labels(*labels).observe(final.num_prompt_tokens)
+        metrics.request_generation_tokens.labels(*labels).observe(final.num_output_tokens)
         scheduled = final.first_scheduled_time or first_token_at
-        self.metrics.queue.labels(*labels).observe(max(0.0, scheduled - started))
+        metrics.queue.labels(*labels).observe(max(0.0, scheduled - started))
+        metrics.prefill_time.labels(*labels).observe(max(0.0, first_token_at - scheduled))
+        metrics.decode_time.labels(*labels).observe(max(0.0, end - first_token_at))
+        metrics.inference_time.labels(*labels).observe(max(0.0, end - scheduled))
         span = trace.get_current_span()
         attributes = {
             "gen_ai.operation.name": "text_completion",

@@ -74,3 +74,14 @@ async def test_leaving_early_aborts_every_choice(engine: LLMEngine) -> None:
 def test_the_engine_itself_refuses_several_choices(engine: LLMEngine) -> None:
     with pytest.raises(InvalidRequestError, match="one choice per request"):
         engine.add_request("r", PROMPT, SamplingParams(n=2))
+
+
+async def test_leaving_at_the_first_output_aborts_the_first_choice(engine: LLMEngine) -> None:
+    long = SamplingParams(temperature=0.0, max_tokens=400, ignore_eos=True, n=3)
+    async with AsyncLLM(engine) as llm:
+        stream = generate_choices(llm, PROMPT, long, "first-only")
+        index, _ = await anext(stream)
+        await stream.aclose()
+        assert index == 0 and llm.num_in_flight == 0  # before the others were added: only the first ran
+        await llm.wait_idle()
+    assert engine.block_manager.num_used_blocks == 0

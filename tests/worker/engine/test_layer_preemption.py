@@ -87,7 +87,7 @@ def test_a_chat_arriving_mid_step_gets_its_first_token_before_the_step_ends(llam
     snap = snapshot_of(engine)  # what AsyncLLM would publish after this step
     served = SimpleNamespace(name="llama", llm=SimpleNamespace(engine=engine), snapshot=snap)
     metrics.refresh([served])  # type: ignore[list-item]
-    assert metrics.registry.get_sample_value("hanzo_worker_urgent_steps_total", {"model": "llama"}) == 1
+    assert metrics.registry.get_sample_value("hanzo_worker_urgent_steps_total", {"model_name": "llama"}) == 1
 
 
 def test_fifo_never_polls_and_runs_arrivals_after_the_step(llama_gqa_dir: Path) -> None:

@@ -103,10 +103,10 @@ async def test_a_full_class_queue_refuses_and_loses_nothing_accepted(tmp_path, l
         assert stats.steps == sum(stats.steps_by_budget.values()) and BUDGET in stats.steps_by_budget
         want = [
             "hanzo_worker_requests_rejected_total"
-            '{model="llama",reason="queue_full",workload_class="BATCH"} 1.0',
-            f'hanzo_worker_step_token_budget{{model="llama"}} {float(stats.last_budget)}',
+            '{model_name="llama",reason="queue_full",workload_class="BATCH"} 1.0',
+            f'hanzo_worker_step_token_budget{{model_name="llama"}} {float(stats.last_budget)}',
             *(
-                f'hanzo_worker_engine_steps_total{{budget="{budget}",model="llama"}} {float(count)}'
+                f'hanzo_worker_engine_steps_total{{budget="{budget}",model_name="llama"}} {float(count)}'
                 for budget, count in stats.steps_by_budget.items()
             ),
         ]
@@ -133,7 +133,7 @@ async def test_a_request_past_its_queue_timeout_gets_resource_exhausted(tmp_path
         assert retry_after_of(err.value) is not None and retry_after_of(err.value) > 0
         assert waited >= 0.2
         registry = app.metrics.registry
-        labels = {"model": "llama", "workload_class": "BATCH"}
+        labels = {"model_name": "llama", "workload_class": "BATCH"}
         assert registry.get_sample_value(
             "hanzo_worker_requests_rejected_total", {**labels, "reason": "queue_timeout"}
         ) == 1.0  # fmt: skip
@@ -155,12 +155,12 @@ async def test_preemptions_are_counted_by_the_preempted_class(tmp_path, llama_gq
         stats = app.host.models["llama"].llm.engine.stats
         assert stats.preemptions_by_class[WorkloadClass.BATCH] >= 1
         preempted = app.metrics.registry.get_sample_value(
-            "hanzo_worker_num_preemptions_total", {"model": "llama", "workload_class": "BATCH"}
+            "hanzo_worker_num_preemptions_total", {"model_name": "llama", "workload_class": "BATCH"}
         )
         assert preempted == stats.preemptions_by_class[WorkloadClass.BATCH]
         app.metrics.refresh(app.host.models.values())  # counted once, however often refreshed
         assert preempted == app.metrics.registry.get_sample_value(
-            "hanzo_worker_num_preemptions_total", {"model": "llama", "workload_class": "BATCH"}
+            "hanzo_worker_num_preemptions_total", {"model_name": "llama", "workload_class": "BATCH"}
         )
 
 
