@@ -33,14 +33,14 @@ def template_inputs(chat: inference_pb2.ChatInput) -> tuple[list[dict[str, Any]]
 
 
 def tool_choice_params(
-    chat: inference_pb2.ChatInput, params: SamplingParams
+    tool_choice: str, tools: list[dict[str, Any]], params: SamplingParams
 ) -> tuple[SamplingParams, str | None]:
-    """The chat's tool mode (services/common/tool_calls.py; None without tools) and params with the
-    schema that forces a call under "required" or a named tool. InvalidArgument naming tool_choice for a
-    choice the tools cannot meet, or one forcing a call beside another structured output constraint."""
-    _, tools = template_inputs(chat)
+    """A chat's tool mode (services/common/tool_calls.py; None without tools) and params with the schema
+    that forces a call under "required" or a named tool; tools as template_inputs gives them.
+    InvalidArgument naming tool_choice for a choice the tools cannot meet, or one forcing a call beside
+    another structured output constraint."""
     functions = [tool["function"] for tool in tools]
-    mode = tool_mode(chat.tool_choice, [f["name"] for f in functions])
+    mode = tool_mode(tool_choice, [f["name"] for f in functions])
     if not forces_call(mode):
         return params, mode
     assert mode is not None

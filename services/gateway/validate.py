@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hanzo.inference.v1 import inference_pb2
-from services.common.chat import tool_choice_params
+from services.common.chat import template_inputs, tool_choice_params
 from services.common.errors import InvalidArgument
 from services.common.sampling_proto import sampling_params
 
@@ -22,7 +22,8 @@ def validate_generate(request: inference_pb2.GenerateRequest) -> str | Sequence[
     params = sampling_params(request.sampling)  # the worker's own check: InvalidArgument naming the field
     if which == "chat":
         # The worker's own checks: roles, tool calls, parameters_json, tool_choice.
-        tool_choice_params(request.chat, params)
+        _, tools = template_inputs(request.chat)
+        tool_choice_params(request.chat.tool_choice, tools, params)
         key: str | Sequence[int] = opening_key(request.chat)
     else:
         # The token ids stay in the message: copying a long prompt into a list costs more than the rest.

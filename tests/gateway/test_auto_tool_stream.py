@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from services.gateway.openai.auto_tool_stream import _Choice
+from services.gateway.openai.auto_tool_stream import AutoToolText
 
 CALL = '{"name": "weather", "arguments": {"city": "Oslo"}}'
 OSLO = [("weather", {"city": "Oslo"})]
@@ -32,7 +32,7 @@ def _split(text: str, size: int) -> list[str]:
 def test_content_streams_up_to_a_call_and_the_call_comes_at_the_end(
     text: str, streamed: str, at_end: str, calls: list, size: int
 ) -> None:
-    choice = _Choice()
+    choice = AutoToolText()
     sent = "".join(choice.content(delta) for delta in _split(text, size))
     rest, deltas = choice.rest()
     assert (sent, rest) == (streamed, at_end)

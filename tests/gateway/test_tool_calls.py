@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from hanzo.inference.v1 import inference_pb2
-from services.common.chat import tool_choice_params
+from services.common.chat import template_inputs, tool_choice_params
 from services.common.errors import InvalidArgument
 from services.common.sampling import SamplingParams
 from services.common.structured import StructuredOutput, StructureKind
@@ -69,7 +69,7 @@ def test_bad_tool_choices_name_the_field(fields: dict, words: str) -> None:
     ],
 )
 def test_a_forced_call_is_held_to_the_tools_schemas(choice: str, valid: dict, invalid: dict) -> None:
-    params, mode = tool_choice_params(_chat(choice), SamplingParams())
+    params, mode = _tool_choice_params(_chat(choice), SamplingParams())
     assert mode == choice and params.structured is not None
     schema = json.loads(params.structured.spec)
     jsonschema.validate(valid, schema)
@@ -80,20 +80,24 @@ def test_a_forced_call_is_held_to_the_tools_schemas(choice: str, valid: dict, in
 @pytest.mark.parametrize(("choice", "mode"), [("", "auto"), ("auto", "auto"), ("none", "none")])
 def test_a_call_not_forced_leaves_the_sampling_alone(choice: str, mode: str) -> None:
     params = SamplingParams(temperature=0.3)
-    assert tool_choice_params(_chat(choice), params) == (params, mode)
+    assert _tool_choice_params(_chat(choice), params) == (params, mode)
 
 
 def test_a_forced_call_and_another_constraint_are_refused_together() -> None:
     params = SamplingParams(structured=StructuredOutput(StructureKind.JSON_OBJECT))
     with pytest.raises(InvalidArgument, match="cannot be combined") as raised:
-        tool_choice_params(_chat("required"), params)
+        _tool_choice_params(_chat("required"), params)
     assert raised.value.field == "tool_choice"
 
 
 @pytest.mark.parametrize(("choice", "words"), [("nope", "names no declared tool"), ("always", "no declared")])
 def test_a_grpc_tool_choice_the_tools_cannot_meet_is_refused(choice: str, words: str) -> None:
     with pytest.raises(InvalidArgument, match=words):
-        tool_choice_params(_chat(choice), SamplingParams())
+        _tool_choice_params(_chat(choice), SamplingParams())
+
+
+def _tool_choice_params(chat: inference_pb2.ChatInput, params: SamplingParams) -> tuple:
+    return tool_choice_params(chat.tool_choice, template_inputs(chat)[1], params)
 
 
 def _chat(choice: str) -> inference_pb2.ChatInput:

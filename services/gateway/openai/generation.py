@@ -21,7 +21,7 @@ from starlette.responses import Response
 from hanzo.inference.v1 import inference_pb2
 from services.gateway.classify import classify_generate
 from services.gateway.openai import chat, completions
-from services.gateway.openai.auto_tool_stream import auto_events
+from services.gateway.openai.auto_tool_stream import AutoToolText
 from services.gateway.openai.front import Front, end_span
 from services.gateway.openai.sampling import include_usage
 from services.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -82,7 +82,7 @@ async def generate(front: Front, route: TextRoute, request: Request, span: trace
     if choice is None:
         sse = events(first, stream, writer, include_usage(body), deadline, ended, choices)
     elif choice == "auto":  # content streams until a call begins; calls come whole, in the delta shape
-        sse = auto_events(first, stream, writer, include_usage(body), deadline, ended, choices)
+        sse = events(first, stream, writer, include_usage(body), deadline, ended, choices, AutoToolText)
     else:  # a forced call is sent once whole, in OpenAI's delta shape
         sse = whole_events(first, stream, writer, include_usage(body), deadline, ended, choice)
     return SSEResponse(sse, stream, headers={**headers, "cache-control": "no-cache"})

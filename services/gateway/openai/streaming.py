@@ -162,6 +162,18 @@ class Chunks:
         return json.dumps(shape, separators=(",", ":"))
 
 
+class PlainText:
+    """What a choice's stream sends as it comes: every delta as it is, nothing held for the end. The
+    shape of the hook events() takes per choice (auto_tool_stream.AutoToolText holds tool calls back)."""
+
+    def content(self, delta: str) -> str:
+        return delta
+
+    def rest(self) -> tuple[str, list[dict[str, object]]]:
+        """At the choice's end: text not yet sent, and the tool_calls deltas to send."""
+        return "", []
+
+
 async def events(
     first: inference_pb2.GenerateResponse,
     stream: AsyncIterator[inference_pb2.GenerateResponse],
@@ -170,30 +182,43 @@ async def events(
     deadline: Deadline,
     ended: Callable[[], None],
     choices: int = 1,
+    text_of: Callable[[], PlainText] = PlainText,
 ) -> AsyncIterator[str]:
     """The SSE text of a stream of `choices` choices whose first response is already read; it ends once
-    each choice has finished. deadline: a backstop for a
-    worker that stops answering (the worker ends the stream at the deadline itself). ended: called once
-    the stream is over, however it ended. Closing this iterator (the client went away) closes stream,
-    which cancels the worker's."""
+    each choice has finished. deadline: a backstop for a worker that stops answering (the worker ends the
+    stream at the deadline itself). ended: called once the stream is over, however it ended. text_of:
+    each choice's text hook (PlainText's shape). Closing this iterator (the client went away) closes
+    stream, which cancels the worker's."""
 
     async def deltas() -> AsyncIterator[str]:
         response = first
         remaining = deadline.time_remaining()
         deadline_at = asyncio.get_running_loop().time() + (remaining if remaining is not None else 1e9)
-        opened: set[int] = set()
+        texts: dict[int, PlainText] = {}
         usages: dict[int, inference_pb2.Usage] = {}
         while True:
             index = response.index
-            if index not in opened:
-                opened.add(index)
+            text_state = texts.get(index)
+            if text_state is None:
+                text_state = texts[index] = text_of()
                 opening = chunks.opening(index)
                 if opening is not None:
                     yield opening
+            text = text_state.content(response.text)
             reason = FINISH_REASONS.get(response.finish_reason)
-            if response.text or reason or response.logprobs:
-                yield chunks.delta(response.text, reason, stop_reason(response), index, response.logprobs)
-            if reason:
+            if not reason:
+                if text or response.logprobs:
+                    yield chunks.delta(text, None, None, index, response.logprobs)
+            else:
+                rest, calls = text_state.rest()
+                stop = stop_reason(response)
+                if calls:  # the content first, then the calls, then the finish reason
+                    if text + rest or response.logprobs:
+                        yield chunks.delta(text + rest, None, None, index, response.logprobs)
+                    yield chunks.raw_delta({"tool_calls": calls}, index)
+                    yield chunks.delta("", reason, stop, index)
+                else:
+                    yield chunks.delta(text + rest, reason, stop, index, response.logprobs)
                 usages[index] = response.usage
                 if len(usages) == choices:
                     break

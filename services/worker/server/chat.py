@@ -3,20 +3,25 @@ calls read back out of its replies."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from hanzo.inference.v1 import inference_pb2
-from services.common.chat import template_inputs
 from services.common.errors import InvalidArgument
 from services.common.tool_calls import parse
 from services.worker.models.errors import NoChatTemplateError
 from services.worker.models.tokenizer import Tokenizer
 
 
-def chat_prompt(chat: inference_pb2.ChatInput, tokenizer: Tokenizer | None, max_model_len: int) -> list[int]:
-    """The templated prompt's token ids, exactly those Hugging Face's apply_chat_template gives.
-    InvalidArgument (naming the field) for bad messages or a conversation that leaves no room to reply
-    in the model's context of max_model_len tokens; NoChatTemplateError when the model has no template;
-    ChatTemplateError when the template refuses the messages."""
-    messages, tools = template_inputs(chat)
+def chat_prompt(
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]],
+    tokenizer: Tokenizer | None,
+    max_model_len: int,
+) -> list[int]:
+    """The templated prompt's token ids (messages and tools as template_inputs gives them), exactly those
+    Hugging Face's apply_chat_template gives. InvalidArgument (naming the field) for a conversation that
+    leaves no room to reply in the model's context of max_model_len tokens; NoChatTemplateError when the
+    model has no template; ChatTemplateError when the template refuses the messages."""
     if tokenizer is None:
         raise NoChatTemplateError("the model ships no tokenizer, so no chat template; send prompt_token_ids")
     token_ids = tokenizer.apply_chat_template(messages, tools or None)

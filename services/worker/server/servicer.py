@@ -10,7 +10,7 @@ import grpc
 from opentelemetry import trace
 
 from hanzo.inference.v1 import inference_pb2, placer_pb2, worker_pb2, worker_pb2_grpc
-from services.common.chat import tool_choice_params
+from services.common.chat import template_inputs, tool_choice_params
 from services.common.errors import Unauthenticated
 from services.common.sampling_proto import sampling_params
 from services.common.served import Authenticate
@@ -84,9 +84,10 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         params = sampling_params(request.sampling)
         tools = ToolReplies(None)
         if request.WhichOneof("input") == "chat":
-            params, mode = tool_choice_params(request.chat, params)
+            messages, declared = template_inputs(request.chat)  # InvalidArgument naming the field
+            params, mode = tool_choice_params(request.chat.tool_choice, declared, params)
             tools = ToolReplies(mode)
-            prompt = chat_prompt(request.chat, llm.engine.tokenizer, llm.engine.layout.max_model_len)
+            prompt = chat_prompt(messages, declared, llm.engine.tokenizer, llm.engine.layout.max_model_len)
         else:
             prompt = prompt_of(request)
         workload = _workload(request.workload_class)
