@@ -8,6 +8,7 @@ carries an error; after that, errors travel in the stream.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,8 +26,8 @@ from services.gateway.openai.auto_tool_stream import AutoToolText
 from services.gateway.openai.front import Front, end_span
 from services.gateway.openai.sampling import include_usage
 from services.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
-from services.gateway.openai.streaming import Chunks, Outcome, SSEResponse, collect, events
-from services.gateway.openai.tool_stream import whole_events
+from services.gateway.openai.streaming import Chunks, Outcome, PlainText, SSEResponse, collect, events
+from services.gateway.openai.tool_stream import ForcedCallText
 
 REQUEST_ID_HEADER = "x-request-id"
 
@@ -80,9 +81,10 @@ async def generate(front: Front, route: TextRoute, request: Request, span: trace
     choice = chat.holds_calls(body) if route is CHAT else None
     choices = message.sampling.n or 1
     if choice is None:
-        sse = events(first, stream, writer, include_usage(body), deadline, ended, choices)
+        text_of: Callable[[], PlainText] = PlainText
     elif choice == "auto":  # content streams until a call begins; calls come whole, in the delta shape
-        sse = events(first, stream, writer, include_usage(body), deadline, ended, choices, AutoToolText)
+        text_of = AutoToolText
     else:  # a forced call is sent once whole, in OpenAI's delta shape
-        sse = whole_events(first, stream, writer, include_usage(body), deadline, ended, choice)
+        text_of = functools.partial(ForcedCallText, choice)
+    sse = events(first, stream, writer, include_usage(body), deadline, ended, choices, text_of)
     return SSEResponse(sse, stream, headers={**headers, "cache-control": "no-cache"})
