@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 PROTOS := $(wildcard protos/hanzo/inference/v1/*.proto)
 GENERATED := hanzo/inference/v1/placer_pb2.py
 
-.PHONY: setup redis protos kernels demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed bench-multimodel bench-chaos clean
+.PHONY: setup redis prometheus protos kernels demo up test lint bench bench-quick bench-placer bench-mesh bench-mixed bench-multimodel bench-chaos clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,17 +49,25 @@ $(PICK_STAMP): $(PICK_SOURCES) $(STAMP)
 
 kernels: $(KERNEL_STAMP) $(PICK_STAMP)
 
-setup: $(STAMP) $(GENERATED) $(KERNEL_STAMP) $(PICK_STAMP) redis
+setup: $(STAMP) $(GENERATED) $(KERNEL_STAMP) $(PICK_STAMP) redis prometheus
 
-# The local stack and the tests start their own redis-server (Debian's package): installed here when
-# missing and we are root, else one line saying what to run.
-redis:
-	@command -v redis-server >/dev/null 2>&1 || { \
+# The local stack and the tests start their own redis-server and, for `--prometheus` and the dashboard
+# test, prometheus (Debian's packages): installed here when missing and we are root, else one line
+# saying what to run.
+define debian_package
+	@command -v $(1) >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-	    apt-get update -qq && apt-get install -y -qq redis-server >/dev/null; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(2) >/dev/null; \
 	  else \
-	    echo "redis-server is missing: run 'sudo apt-get install -y redis-server', then make again" >&2; exit 1; \
+	    echo "$(1) is missing: run 'sudo apt-get install -y $(2)', then make again" >&2; exit 1; \
 	  fi; }
+endef
+
+redis:
+	$(call debian_package,redis-server,redis-server)
+
+prometheus:
+	$(call debian_package,prometheus,prometheus)
 
 # The whole mesh on this machine (Redis, placer, workers + telemetry, gateway) and a mixed workload.
 demo: setup

@@ -35,3 +35,14 @@ def die_with_launcher() -> None:
     # The launcher may have died before the prctl above: then we were already reparented.
     if os.getppid() != int(expected):
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _exec_dying_with_launcher(argv: list[str]) -> None:
+    """`python -m services.common.parent_death BINARY ARGS...`: a non-Python program (Prometheus) dies
+    with its launcher too: PDEATHSIG is set here and survives the exec."""
+    die_with_launcher()
+    os.execv(argv[0], argv)
+
+
+if __name__ == "__main__":
+    _exec_dying_with_launcher(sys.argv[1:])

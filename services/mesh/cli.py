@@ -17,6 +17,7 @@ from services.common.redis_server import RedisNotInstalledError
 from services.mesh.driver import DriveOptions, RequestResult, drive, wait_for_models
 from services.mesh.models import CHAT_MODEL, EMBED_MODEL, ModelSet, prepare_models
 from services.mesh.process import ServiceStartError
+from services.mesh.prometheus import PrometheusNotInstalledError
 from services.mesh.report import build_report, format_report, write_report
 from services.mesh.serve import access_lines, add_serving_arguments, serving_models, worker_env
 from services.mesh.service_env import service_env
@@ -89,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
             "--run-root", type=Path, default=DEFAULT_ROOT, help="run-<timestamp> log folders go here"
         )
         p.add_argument("--ready-timeout", type=_positive_float, default=180.0, help="seconds per service")
+    for p in (up, serve):
+        p.add_argument(
+            "--prometheus", nargs="?", const=9090, type=_port_or_free, metavar="PORT",
+            help="also run a local Prometheus (Debian's prometheus package) scraping every service, with "
+            "the mesh's recording and alert rules, on PORT (default 9090; 0: a free one)",
+        )  # fmt: skip
     demo.add_argument("--requests", type=_positive_int, default=120, help="requests to send (default 120)")
     demo.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     demo.add_argument(
@@ -118,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, _interrupt)
     try:
         return _demo(args) if args.command == "demo" else _up(args)
-    except RedisNotInstalledError as err:
+    except (RedisNotInstalledError, PrometheusNotInstalledError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
 
@@ -148,6 +155,7 @@ def _stack(args: argparse.Namespace) -> Stack:
         redis_url=args.redis_url,
         base_port=args.base_port,
         ready_timeout_s=args.ready_timeout,
+        prometheus_port=getattr(args, "prometheus", None),
         **extra,
     )
     return Stack(config)
@@ -181,7 +189,8 @@ def _up(args: argparse.Namespace) -> int:
         print("starting the mesh ...", flush=True)
         stack.start()
         print(f"\n{format_process_table(stack.services)}\n{_models_line(stack.config.models)}")
-        print(access_lines(stack.gateway_address, stack.http_address, stack.config.api_key))
+        prometheus = stack.prometheus.url if stack.prometheus is not None else ""
+        print(access_lines(stack.gateway_address, stack.http_address, stack.config.api_key, prometheus))
         print("\nrunning; a service that exits is restarted; Ctrl-C or SIGTERM stops it", flush=True)
         supervisor = stack.supervisor(say=lambda line: print(line, flush=True))
         while True:  # until Ctrl-C / SIGTERM; a service given up on is reported and the rest serve on

@@ -68,11 +68,14 @@ def worker_env(args: argparse.Namespace) -> dict[str, str]:
     )  # fmt: skip
 
 
-def access_lines(gateway_address: str, http_address: str, api_key: str) -> str:
-    """What a client needs: the gRPC address, the OpenAI base URL and the key (one per line)."""
+def access_lines(gateway_address: str, http_address: str, api_key: str, prometheus_url: str = "") -> str:
+    """What a client needs: the gRPC address, the OpenAI base URL, the local Prometheus where one runs,
+    and the key (one per line, the key last)."""
     lines = [f"gateway: {gateway_address}  (metadata authorization: Bearer {api_key})"]
     if http_address:
         lines.append(f"openai: http://{http_address}/v1  (Authorization: Bearer {api_key})")
+    if prometheus_url:
+        lines.append(f"prometheus: {prometheus_url}  (dashboard: deploy/grafana/dashboards/hanzo-mesh.json)")
     lines.append(f"api key: {api_key}")
     return "\n".join(lines)
 

@@ -16,6 +16,7 @@ from services.common.redact import redact_url
 from services.common.redis_server import RedisServer, password_from_env
 from services.mesh.models import ModelSet
 from services.mesh.process import ChildProcess, ServiceStartError
+from services.mesh.prometheus import LocalPrometheus
 from services.mesh.redis_service import SupervisedRedis
 from services.mesh.service_env import service_env
 from services.mesh.supervise import RestartPolicy, Supervised, Supervisor
@@ -35,7 +36,8 @@ class StackConfig:
     """run_dir: logs and Redis files go here. redis_url: None starts a private Redis. base_port: None
     lets every service bind port 0 (a free one); else ports are handed out upwards from it.
     gateway_port / http_port: the gateway's gRPC and OpenAI HTTP ports (None: as the other ports; 0: a
-    free one). worker_env: HANZO_WORKER_* settings every worker gets (dtype, context, KV budget)."""
+    free one). worker_env: HANZO_WORKER_* settings every worker gets (dtype, context, KV budget).
+    prometheus_port: None runs no Prometheus; else a local one scraping every service on it (0: free)."""
 
     run_dir: Path
     models: ModelSet
@@ -46,6 +48,7 @@ class StackConfig:
     gateway_port: int | None = None
     http_port: int | None = None
     worker_env: Mapping[str, str] = field(default_factory=dict)
+    prometheus_port: int | None = None
     ready_timeout_s: float = 180.0
     stop_timeout_s: float = 20.0
 
@@ -85,6 +88,7 @@ class Stack:
     http_address: str = ""  # host:port of the gateway's OpenAI-compatible front
     _tiers: list[list[ChildProcess]] = field(default_factory=list)  # start order; stopped reversed
     _redis: RedisServer | None = None
+    prometheus: LocalPrometheus | None = None
     _details: dict[str, str] = field(default_factory=dict)  # worker name -> topology and models
     # This run's internal credential (services/common/internal_auth.py): HANZO_INTERNAL_TOKEN where the
     # caller set one (to reach the services themselves), else made fresh for each stack.
@@ -165,6 +169,8 @@ class Stack:
         http = gateway.ready.get("http_address", "None")
         self.http_address = "" if http == "None" else http  # None: the gateway runs no HTTP front
         self._add_row(gateway, f"zone {ZONE} rack r1, API key required, OpenAI HTTP on {self.http_address}")
+        if cfg.prometheus_port is not None:
+            self._start_prometheus(cfg.prometheus_port)
 
     def supervisor(
         self, policy: RestartPolicy | None = None, say: Callable[[str], None] = print
@@ -182,6 +188,9 @@ class Stack:
     def stop(self) -> dict[str, int]:
         """SIGTERM each tier in reverse start order, wait, SIGKILL stragglers; returns exit codes by name."""
         codes: dict[str, int] = {}
+        if self.prometheus is not None:  # first: it would only log the others' scrapes failing
+            self.prometheus.stop()
+            self.prometheus = None
         while self._tiers:
             tier = self._tiers.pop()
             for child in tier:  # the whole tier drains at once: gateway, then agents, workers, placer
@@ -192,6 +201,15 @@ class Stack:
             self._redis.stop()
             self._redis = None
         return codes
+
+    def _start_prometheus(self, port: int) -> None:
+        targets = [(s.name, f"127.0.0.1:{s.metrics_port}") for s in self.services if s.metrics_port]
+        self.prometheus = LocalPrometheus(self.config.run_dir, targets, port)
+        self.prometheus.start(self.config.ready_timeout_s)
+        pid = self.prometheus.process.pid if self.prometheus.process else 0
+        detail = f"scraping {len(targets)} services every second, rules from deploy/prometheus/rules"
+        address = f"127.0.0.1:{self.prometheus.port}"
+        self.services.append(ServiceInfo("prometheus", pid, address, None, self.prometheus.log_path, detail))
 
     def _worker(self, index: int, ports: _Ports, placer_address: str) -> ChildProcess:
         models = self.config.models.for_worker(index)

@@ -88,12 +88,10 @@ class PlacerApp:
         shutdown_tracing(self.tracer_provider)
 
     async def _freshness_loop(self) -> None:
-        """Mirror the view's stale flag into health and metrics."""
+        """Mirror the view's stale flag into health (the metrics read it themselves)."""
         last: bool | None = None
         while True:
             stale = self.view.stale
-            self.metrics.stale.set(1 if stale else 0)
-            self.metrics.nodes.set(len(self.view.nodes))
             if stale != last:
                 await set_serving(self.health, [FRESHNESS_CHECK], not stale)
                 last = stale

@@ -35,9 +35,12 @@ class PlacerReplica:
     ) -> None:
         self.store = ClusterStore(redis_url, Keys(key_prefix))
         self.view = ClusterView(self.store, SyncSettings(resync_interval_s=resync_interval_s))
-        self.picker = Picker(ClassWeights.from_config(class_weights))
+        weights = ClassWeights.from_config(class_weights)
+        self.picker = Picker(weights)
+        self._weights = {w: weights.for_class(w) for w in WorkloadClass}  # what decides the winning scorer
         self.demand = DemandCounter()
         self.metrics = metrics
+        metrics.watch(self.view)
         self._flusher: asyncio.Task[None] | None = None
 
     async def start(self, demand_window_s: float | None = None) -> None:
@@ -103,14 +106,14 @@ class PlacerReplica:
             raise Unavailable("cluster state unknown: Redis has not been read yet; retry shortly")
         start = time.perf_counter()
         result = self.picker.pick(view.snapshot, query)
-        self.metrics.pick_seconds.observe(time.perf_counter() - start)
+        self.metrics.pick_seconds[query.workload_class].observe(time.perf_counter() - start)
         self.demand.record(query.model)
         if result is None:
             self.metrics.picks.labels(query.workload_class.name, "none").inc()
             if view.snapshot.model_columns(query.model) is None:
                 raise NotFound(f"model {query.model!r} is not served by any worker in the cluster")
             raise Unavailable(f"no healthy worker can take model {query.model!r} now; retry shortly")
-        self.metrics.picked[query.workload_class].inc()
+        self.metrics.decided(query.workload_class, self._weights[query.workload_class], result)
         view.record_pick(result.row, query.workload_class)
         return result
 

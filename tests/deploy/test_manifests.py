@@ -298,7 +298,9 @@ def test_k8s_grpc_containers_have_native_grpc_probes_on_their_port() -> None:
         where = f"{workload['metadata']['name']}/{container['name']}"
         if module == TELEMETRY:
             assert not any(k.endswith("Probe") for k in container), f"{where} serves no gRPC"
-            assert not container.get("ports"), where
+            ports = {p["name"]: p["containerPort"] for p in container.get("ports", [])}
+            served = {"gpu-metrics": metrics_port(module, k8s_env(container))}
+            assert ports == served, f"{where} serves /metrics only"
             continue
         env = k8s_env(container)
         port = grpc_port(module, env)

@@ -16,7 +16,8 @@ POLICIES = [d for d in K8S_DOCS if d["kind"] == "NetworkPolicy"]
 SERVICES = [d for d in K8S_DOCS if d["kind"] == "Service"]
 PODS = pods_of(workloads())
 PUBLIC = {("gateway", "grpc"), ("gateway", "http")}  # the mesh's one public endpoint
-SCRAPERS = {NAMESPACE, "ns/kubernetes.io/metadata.name=monitoring"}  # Prometheus, for ports named metrics
+SCRAPERS = {NAMESPACE, "ns/kubernetes.io/metadata.name=monitoring"}  # Prometheus, for METRICS_PORTS
+METRICS_PORTS = {"metrics", "gpu-metrics"}  # a service's /metrics, the telemetry agent's GPU families
 # Callers that no setting names: the placer hands gateways a worker's pod IP (there is no worker
 # Service), and only the gateway calls workers.
 UNNAMED_CALLERS = {("worker", "grpc"): {"pod/gateway"}}
@@ -44,7 +45,7 @@ def intended() -> dict[tuple[str, str, int], set[str]]:
         for name, port in pod.ports.items():
             if (pod.workload, name) in PUBLIC:
                 table[(pod.workload, name, port)] = {ANYWHERE}
-            elif name == "metrics":
+            elif name in METRICS_PORTS:
                 table[(pod.workload, name, port)] = SCRAPERS
             else:
                 table[(pod.workload, name, port)] = called.get(
@@ -84,7 +85,7 @@ def test_each_port_admits_exactly_its_intended_sources(workload: str, name: str,
     assert ADMISSION.admitted.get((workload, port), set()) == INTENDED[(workload, name, port)]
 
 
-PRIVATE = sorted(k for k in INTENDED if k[0] in ("worker", "placer", "redis") and k[1] != "metrics")
+PRIVATE = sorted(k for k in INTENDED if k[0] in ("worker", "placer", "redis") and k[1] not in METRICS_PORTS)
 
 
 @pytest.mark.parametrize(("workload", "name", "port"), PRIVATE, ids=lambda v: str(v))

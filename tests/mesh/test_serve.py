@@ -35,7 +35,7 @@ def clear_redis_passwords(run_root: Path, *texts: str) -> list[str]:
 @contextmanager
 def served(tmp_path: Path, *argv: str) -> Iterator[dict[str, str]]:
     """`hanzo-mesh serve argv` until it prints its access lines; yields them by label (gateway, openai,
-    api key); SIGTERM at the end must stop it with exit code 0."""
+    prometheus where asked for, api key); SIGTERM at the end must stop it with exit code 0."""
     log = tmp_path / "serve.out"
     cmd = [sys.executable, "-m", "services.mesh", "serve", *argv, "--run-root", str(tmp_path / "runs")]
     with open(log, "w") as out:
@@ -60,7 +60,7 @@ def _access(proc: subprocess.Popen[str], log: Path) -> dict[str, str]:
             found = {}
             for line in text.splitlines():
                 label, sep, rest = line.partition(": ")
-                if sep and label in ("gateway", "openai", "api key"):
+                if sep and label in ("gateway", "openai", "prometheus", "api key"):
                     found[label] = rest.split()[0]
             return found
         if proc.poll() is not None:

@@ -13,8 +13,10 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from hanzo.inference.v1 import common_pb2, placer_pb2, telemetry_pb2
 from services.common.redis_server import RedisServer
+from services.common.workload import WorkloadClass
 from services.placer.app import FRESHNESS_CHECK, PlacerApp
 from services.placer.config import PlacerSettings
+from services.placer.pick.weights import ClassWeights
 from tests.placer.cluster_helpers import eventually, gpu_sample, node_report, placer_stub
 
 BEAT_S = 0.2  # heartbeat interval in these tests; nodes expire 3 beats after their last one
@@ -67,6 +69,17 @@ async def test_heartbeat_list_and_pick(redis_server: RedisServer) -> None:
             assert reply.considered == 2 and not reply.stale
             assert reply.candidates[0].node_id == "b"
             assert {"load", "thermal_headroom", "model_affinity"} <= set(reply.candidates[0].scores)
+        # The decision is counted under the scorer that added most to the winner's weighted total.
+        weights = ClassWeights.defaults().for_class(WorkloadClass.REALTIME_CHAT)
+        scores = reply.candidates[0].scores
+        winner = max(scores, key=lambda name: scores[name] * weights[name])
+        registry = app.metrics.registry
+        chat = {"workload_class": "REALTIME_CHAT"}
+        assert registry.get_sample_value("hanzo_placer_decisions_total", {**chat, "scorer": winner}) == 1
+        assert registry.get_sample_value("hanzo_placer_picks_total", {**chat, "outcome": "picked"}) == 1
+        assert registry.get_sample_value("hanzo_placer_pick_seconds_count", chat) == 1
+        assert registry.get_sample_value("hanzo_placer_nodes") == 2
+        assert registry.get_sample_value("hanzo_placer_snapshot_stale") == 0
 
 
 async def test_picks_count_as_waiting_until_the_next_heartbeat(redis_server: RedisServer) -> None:
@@ -160,9 +173,17 @@ async def test_redis_down_picks_continue_then_restart_rebuilds(redis_server: Red
                 return reply.status == health_pb2.HealthCheckResponse.NOT_SERVING
 
             await eventually(stale, 10, "placer reports a stale snapshot")
+            registry = app.metrics.registry
+            assert registry.get_sample_value("hanzo_placer_snapshot_stale") == 1
+
+            async def aged() -> bool:  # nothing heard from Redis for longer than 3 resync intervals
+                return (registry.get_sample_value("hanzo_placer_view_age_seconds") or 0) > 0.3
+
+            await eventually(aged, 10, "the view's age grows while Redis is gone")
             for _ in range(20):
                 reply = await stub.Pick(pick_request())
                 assert reply.stale and reply.node_id in {r.node_id for r in reports}
+            age_while_down = registry.get_sample_value("hanzo_placer_view_age_seconds")
             redis_server.start()  # empty: no persistence, like a crashed cache
             client = aioredis.Redis.from_url(redis_server.url)
 
@@ -173,6 +194,8 @@ async def test_redis_down_picks_continue_then_restart_rebuilds(redis_server: Red
             took = await eventually(rebuilt, 10, "registry rebuilt after the restart")
             assert took <= BEAT_S + 1.0
             await eventually(lambda: _fresh(stub), 10, "snapshot fresh again")
+            assert registry.get_sample_value("hanzo_placer_snapshot_stale") == 0
+            assert registry.get_sample_value("hanzo_placer_view_age_seconds") < age_while_down
             await client.flushall()
             took = await eventually(rebuilt, 10, "registry rebuilt after a flush")
             assert took <= BEAT_S + 1.0  # one heartbeat, plus slack for a loaded CI machine

@@ -45,6 +45,7 @@ class ClusterView(ClusterState):
         self.stale = True  # until the first successful resync
         self.synced_once = False
         self.last_sync_s: float | None = None
+        self.last_heard_s: float | None = None  # the last whole resync or event from Redis
         self.resyncs = 0
         self._tasks: list[asyncio.Task[None]] = []
         self._subscribed = asyncio.Event()
@@ -84,7 +85,7 @@ class ClusterView(ClusterState):
             log.info("cluster state in sync with Redis (%d nodes)", len(self.nodes))
         self.stale = False
         self.synced_once = True
-        self.last_sync_s = now
+        self.last_sync_s = self.last_heard_s = now
         self.resyncs += 1
         return True
 
@@ -141,6 +142,7 @@ class ClusterView(ClusterState):
             await _close_pubsub(pubsub)
 
     def _apply_event(self, event: cluster_state_pb2.ClusterEvent) -> None:
+        self.last_heard_s = self.clock()
         kind = event.WhichOneof("change")
         if kind == "node":
             self.apply_node(event.node)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -40,6 +41,13 @@ from services.worker.models.linear import pack_model, unpack_model
 from services.worker.models.preemption import PreemptionPoints
 
 _URGENT_ROUNDS = 4  # urgent steps at most, back to back, before a step's ordinary batch
+# vLLM's buckets of tokens per engine step (vllm:iteration_tokens_total); a larger step counts in +Inf.
+ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+
+def iteration_bucket(tokens: int) -> int:
+    """Index into ITERATION_TOKEN_BUCKETS of the smallest bound >= tokens; len(...) past the last."""
+    return bisect.bisect_left(ITERATION_TOKEN_BUCKETS, tokens)
 
 
 @dataclass
@@ -56,6 +64,8 @@ class EngineStats:
     steps_by_budget: Counter[int] = field(default_factory=Counter)
     last_budget: int = 0
     urgent_steps: int = 0  # steps of latency-class prompts run ahead of, or between the layers of, another
+    # Steps per iteration_bucket of the tokens they ran (prompt chunks + decode rows), and those tokens.
+    steps_by_tokens: Counter[int] = field(default_factory=Counter)
 
 
 class LLMEngine:
@@ -125,6 +135,7 @@ class LLMEngine:
         self.stats = EngineStats()
         self._text: dict[str, TextState] = {}
         self._nested_s = 0.0  # seconds spent in urgent steps so far (see _run)
+        self._executing = 0  # steps inside runner.execute now: more than one means a nested step runs
         # Set by an AsyncLLM that logs its steps (step_log.py): every batch _run executes is added to it.
         self.step_shape: StepShape | None = None
 
@@ -265,9 +276,17 @@ class LLMEngine:
     def _run(self, batch: ScheduledBatch, preemption: PreemptionPoints | None = None) -> list[RequestOutput]:
         """Execute a scheduled batch and apply it: outputs for the sequences that sampled a token."""
         stats = self.stats
+        for seq in batch.seqs:
+            if seq.first_budget is None:  # its first step: the decision that let it in
+                seq.first_budget = batch.budget
+                seq.first_nested = self._executing > 0
         nested_before = self._nested_s
         started = time.perf_counter()
-        sampled = self.runner.execute(batch, preemption)
+        self._executing += 1
+        try:
+            sampled = self.runner.execute(batch, preemption)
+        finally:
+            self._executing -= 1
         # Steps nested between this one's layers are timed on their own: the step-time model learns
         # what this shape costs, not what happened to run inside it.
         seconds = time.perf_counter() - started - (self._nested_s - nested_before)
@@ -288,6 +307,7 @@ class LLMEngine:
         ]
         stats.generated_tokens += len(outputs)
         stats.tokens_computed += batch.total_tokens
+        stats.steps_by_tokens[iteration_bucket(batch.total_tokens)] += 1
         return outputs
 
     def _run_urgent(

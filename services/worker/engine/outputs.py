@@ -25,6 +25,9 @@ class RequestOutput:
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     arrival_time: float  # monotonic, when the engine accepted the request
     first_scheduled_time: float | None  # monotonic, when it first left the queue
+    num_preemptions: int  # times it was preempted (its KV dropped, recomputed on resuming)
+    first_budget: int | None  # the token budget of the step that first scheduled it
+    first_nested: bool  # that step ran nested between another step's layers (layer-level preemption)
     error: EngineError | None = None  # set when the engine refused the request (finished, no tokens)
     # With params.logprobs set: one per new_token_ids entry (else None).
     new_logprobs: list[TokenLogprob] | None = None
@@ -86,6 +89,9 @@ def make_output(
         num_cached_tokens=seq.num_cached_tokens,
         arrival_time=seq.arrival_time,
         first_scheduled_time=seq.first_scheduled_time,
+        num_preemptions=seq.num_preemptions,
+        first_budget=seq.first_budget,
+        first_nested=seq.first_nested,
         error=error,
         new_logprobs=logprobs,
     )

@@ -47,6 +47,8 @@ class Sequence:
         "block_table",
         "eos_token_ids",
         "finish_reason",
+        "first_budget",
+        "first_nested",
         "first_scheduled_time",
         "hints",
         "logprob",
@@ -79,6 +81,10 @@ class Sequence:
         self.eos_token_ids = eos_token_ids
         self.arrival_time = time.monotonic() if arrival_time is None else arrival_time
         self.first_scheduled_time: float | None = None  # monotonic; when it first left the queue
+        # The scheduler's decision for its first step: that step's token budget, and whether the step ran
+        # nested between the layers of another (layer-level preemption). For traces.
+        self.first_budget: int | None = None
+        self.first_nested = False
         self.hints = hints
         self.priority = 0  # the scheduler's policy sets the level at add(); 0 is served first
         self.admit_no = 0  # order of the latest admission; the most recent is preempted first

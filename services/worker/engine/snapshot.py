@@ -33,6 +33,8 @@ class EngineSnapshot:
     # Copies made on the engine thread: the engine's own Counters keep growing while these are read.
     preemptions_by_class: Mapping[WorkloadClass, int] = field(default_factory=dict)
     steps_by_budget: Mapping[int, int] = field(default_factory=dict)
+    steps_by_tokens: Mapping[int, int] = field(default_factory=dict)  # iteration_bucket -> steps
+    tokens_computed: int = 0
 
 
 def snapshot_of(engine: LLMEngine) -> EngineSnapshot:
@@ -55,4 +57,6 @@ def snapshot_of(engine: LLMEngine) -> EngineSnapshot:
         urgent_steps=stats.urgent_steps,
         preemptions_by_class=dict(stats.preemptions_by_class),
         steps_by_budget=dict(stats.steps_by_budget),
+        steps_by_tokens=dict(stats.steps_by_tokens),
+        tokens_computed=stats.tokens_computed,
     )

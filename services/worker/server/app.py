@@ -96,6 +96,7 @@ class WorkerApp:
             self.settings.heartbeat_interval_s,
             self.host,
             call_metadata(self.settings.internal_token),
+            self.metrics.heartbeat,
         )
         self._tasks = [
             asyncio.create_task(self.heartbeat.run(), name="heartbeat"),

@@ -88,9 +88,12 @@ class Heartbeat:
         interval_s: float,
         host: ModelHost,
         metadata: Metadata = (),
+        on_beat: Callable[[bool], None] = lambda delivered: None,
     ) -> None:
-        """metadata: sent with every heartbeat (the internal token)."""
+        """metadata: sent with every heartbeat (the internal token). on_beat(delivered): after each beat,
+        whether the placer took it (the worker's metrics count them)."""
         self.stub = placer_pb2_grpc.PlacerStub(channel)
+        self.on_beat = on_beat
         self.metadata = metadata
         self.build_report = build_report
         self.interval_s = interval_s
@@ -105,11 +108,13 @@ class Heartbeat:
                     self.build_report(), timeout=max(1.0, self.interval_s), metadata=self.metadata
                 )
                 self.beats += 1
+                self.on_beat(True)
                 if failures:
                     log.info("placer reachable again after %d failed heartbeats", failures)
                 failures = 0
             except grpc.aio.AioRpcError as exc:
                 failures += 1
+                self.on_beat(False)
                 if failures == 1 or failures % 30 == 0:
                     log.warning("heartbeat to the placer failed (%s): %s", exc.code().name, exc.details())
             else:

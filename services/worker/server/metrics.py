@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from services.common.workload import WorkloadClass
 from services.worker.engine.llm_engine import LLMEngine
 from services.worker.server.host import ModelHost, ServedModel
+from services.worker.server.iteration_metrics import IterationTokens
 
 _K = TypeVar("_K", bound=Hashable)
 
@@ -190,9 +191,28 @@ class WorkerMetrics:
             ["model_name"],
             registry=r,
         )
+        self.iteration_tokens = IterationTokens(r)
+        self.heartbeats = Counter(
+            "hanzo_worker_heartbeats",
+            "Heartbeats to the placer by outcome: delivered, or failed (placer unreachable or refusing)",
+            ["outcome"],
+            registry=r,
+        )
+        self.last_heartbeat = Gauge(
+            "hanzo_worker_last_heartbeat_timestamp_seconds",
+            "Unix time of the last heartbeat the placer took (0 before the first); the placer drops a "
+            "worker whose heartbeats stop for three intervals",
+            registry=r,
+        )
         # Engine counters are cumulative per engine; a reloaded model is a new engine starting at zero.
         self._seen: weakref.WeakKeyDictionary[LLMEngine, _Exported] = weakref.WeakKeyDictionary()
         self._evictions_exported: dict[str, int] = {}
+
+    def heartbeat(self, delivered: bool) -> None:
+        """Count one heartbeat; a delivered one is the worker's last sign of life in the placer."""
+        self.heartbeats.labels("delivered" if delivered else "failed").inc()
+        if delivered:
+            self.last_heartbeat.set_to_current_time()
 
     def refresh_memory(self, host: ModelHost) -> None:
         """The arena's bytes and each resident model's share, from the memory manager's accounting."""
@@ -231,6 +251,10 @@ class WorkerMetrics:
                 self.steps.labels(name, str(budget)).inc(gained)
             for _, gained in _gained({"urgent": snap.urgent_steps}, exported.urgent_steps):
                 self.urgent_steps.labels(name).inc(gained)
+            by_tokens = dict(_gained(snap.steps_by_tokens, exported.steps_by_tokens))
+            if by_tokens:
+                tokens = dict(_gained({"tokens": snap.tokens_computed}, exported.tokens_computed))
+                self.iteration_tokens.add(name, by_tokens, tokens.get("tokens", 0))
 
 
 @dataclass
@@ -240,6 +264,8 @@ class _Exported:
     preemptions: dict[WorkloadClass, int] = field(default_factory=dict)
     steps: dict[int, int] = field(default_factory=dict)
     urgent_steps: dict[str, int] = field(default_factory=dict)
+    steps_by_tokens: dict[int, int] = field(default_factory=dict)
+    tokens_computed: dict[str, int] = field(default_factory=dict)
 
 
 def _gained(now: Mapping[_K, int], exported: dict[_K, int]) -> Iterator[tuple[_K, int]]:

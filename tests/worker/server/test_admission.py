@@ -109,6 +109,9 @@ async def test_a_full_class_queue_refuses_and_loses_nothing_accepted(tmp_path, l
                 f'hanzo_worker_engine_steps_total{{budget="{budget}",model_name="llama"}} {float(count)}'
                 for budget, count in stats.steps_by_budget.items()
             ),
+            # Every step in the iteration-token histogram, with the tokens it ran.
+            f'hanzo_worker_iteration_tokens_total_count{{model_name="llama"}} {float(stats.steps)}',
+            f'hanzo_worker_iteration_tokens_total_sum{{model_name="llama"}} {float(stats.tokens_computed)}',
         ]
 
         async def exported() -> bool:  # the worker refreshes engine metrics once a second
