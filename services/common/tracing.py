@@ -16,11 +16,14 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider as RecordingTracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
 
+from services.common.otel_env import otlp_exporter, sampler, traces_endpoint
+
 
 def make_tracer_provider(
     service_name: str, exporter: SpanExporter | None = None, environ: Mapping[str, str] = os.environ
 ) -> trace.TracerProvider:
-    """A provider exporting to `exporter` (tests), else to OTLP when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+    """A provider exporting to `exporter` (tests), else over OTLP when an OTLP endpoint is set, with the
+    protocol and sampler the environment names (otel_env.py; TracingConfigError for a bad value).
 
     With neither, nothing would ever read a span, so none is recorded: the API's no-op provider still
     passes the caller's trace context on to the next hop (its spans carry the parent's context), so a
@@ -28,15 +31,15 @@ def make_tracer_provider(
     through the gateway cost it about 0.15 ms of time to first token on this machine, for nothing.
     """
     name = environ.get("OTEL_SERVICE_NAME") or service_name
-    if exporter is None and not environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+    if exporter is None and not traces_endpoint(environ):
         return trace.NoOpTracerProvider()
-    provider = RecordingTracerProvider(resource=Resource.create({"service.name": name}))
+    provider = RecordingTracerProvider(
+        sampler=sampler(environ), resource=Resource.create({"service.name": name})
+    )
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
-    elif environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    else:
+        provider.add_span_processor(BatchSpanProcessor(otlp_exporter(environ)))
     return provider
 
 
@@ -89,22 +92,40 @@ def local_span(
     return tracer.start_as_current_span(name, attributes=attributes)
 
 
+def parent_span(span: trace.Span) -> contextlib.AbstractContextManager[object]:
+    """span made current for a block that does not yield (an await is fine): what starts in it is its
+    child. Nothing to do for a span that records nothing (it is the caller's context already)."""
+    if not span.is_recording():
+        return _UNRECORDED
+    return trace.use_span(span, end_on_exit=False, record_exception=False, set_status_on_exception=False)
+
+
 @contextlib.contextmanager
 def client_call_span(
-    tracer: trace.Tracer, full_method: str, metadata: Sequence[tuple[str, str]] = ()
+    tracer: trace.Tracer,
+    full_method: str,
+    metadata: Sequence[tuple[str, str]] = (),
+    parent: trace.Span | None = None,
 ) -> Iterator[tuple[trace.Span, Metadata]]:
-    """A CLIENT span for one outgoing call, named and attributed as the gRPC client instrumentation
-    names its spans, and the call's metadata with the W3C trace context injected. For hot paths: the
-    instrumentation's interceptor goes through grpc.aio's interceptor machinery (an extra task and an
-    iterator wrapper per call), which cost the gateway about 0.3 ms of time to first token."""
-    if not records_spans(tracer) and not trace.get_current_span().get_span_context().is_valid:
+    """A CLIENT span for one outgoing call (a child of parent, else of the current span), named and
+    attributed as the gRPC client instrumentation names its spans, and the call's metadata with the W3C
+    trace context injected. For hot paths: the instrumentation's interceptor goes through grpc.aio's
+    interceptor machinery (an extra task and an iterator wrapper per call), which cost the gateway about
+    0.3 ms of time to first token."""
+    parent = parent if parent is not None else trace.get_current_span()
+    if not records_spans(tracer) and not parent.get_span_context().is_valid:
         yield trace.INVALID_SPAN, tuple(metadata)  # no span and no caller's trace to pass on
         return
     service, method = full_method.strip("/").split("/", 1)
     attributes = rpc_attributes(service, method)
     # Not made current: the caller may yield (stream) inside the block, and a context attached in one
     # resumption must not be detached in another.
-    span = tracer.start_span(full_method, kind=trace.SpanKind.CLIENT, attributes=attributes)
+    span = tracer.start_span(
+        full_method,
+        context=trace.set_span_in_context(parent),
+        kind=trace.SpanKind.CLIENT,
+        attributes=attributes,
+    )
     carrier: dict[str, str] = {}
     inject(carrier, context=trace.set_span_in_context(span))
     try:

@@ -19,9 +19,10 @@ import grpc
 from opentelemetry import trace
 
 from hanzo.inference.v1 import inference_pb2, worker_pb2
+from services.common import genai_spans
 from services.common.errors import ResourceExhausted, ServiceError, Unavailable
 from services.common.retry_info import retry_after_of
-from services.common.tracing import client_call_span, record_rpc_error, records_spans
+from services.common.tracing import client_call_span, parent_span, record_rpc_error, records_spans
 from services.common.workload import WorkloadClass
 from services.gateway.config import GatewaySettings
 from services.gateway.metrics import Tally, TenantTokens
@@ -86,7 +87,7 @@ class Router:
     def new_request_id(self) -> str:
         return f"{self._id_prefix}-{next(self._ids):x}"
 
-    async def generate(
+    def generate(
         self,
         request: inference_pb2.GenerateRequest,
         workload: WorkloadClass,
@@ -97,24 +98,64 @@ class Router:
         """Stream request's responses from a worker (the first names the class and node); request is
         forwarded as it is with class and id filled in, so it must be the caller's own to change.
         started: time.monotonic() at arrival, for time to first token. Closing the iterator early
-        (the caller went away) cancels the worker's stream, which frees its KV blocks."""
+        (the caller went away) cancels the worker's stream, which frees its KV blocks. Recorded as a
+        GenAI span (`chat llama`) around the picks and worker calls; unrecorded, the caller's trace
+        context (the current span's) still reaches the worker."""
+        if not self.recording:
+            return self._generate(request, workload, deadline, started, tally, trace.get_current_span())
+        return self._traced_generate(request, workload, deadline, started, tally)
+
+    async def _traced_generate(
+        self,
+        request: inference_pb2.GenerateRequest,
+        workload: WorkloadClass,
+        deadline: Deadline,
+        started: float,
+        tally: Tally,
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        operation = genai_spans.operation_of(request)
+        # Not made current: the stream is read across tasks (the HTTP front's first read and the rest),
+        # so a context attached in one read could not be detached in another. It is the explicit parent.
+        span = self.tracer.start_span(
+            genai_spans.span_name(operation, request.model),
+            attributes=genai_spans.request_attributes(operation, request.model, workload, request.sampling),
+        )
+        outcome = genai_spans.GenerateOutcome()
+        try:
+            async for response in self._generate(request, workload, deadline, started, tally, span):
+                if outcome.observe(response):
+                    span.add_event("first_token", {"hanzo.node_id": response.node_id})
+                yield response
+        except BaseException as exc:
+            genai_spans.record_failure(span, exc)
+            raise
+        finally:
+            span.set_attributes(outcome.attributes(request.request_id, request.model))
+            span.end()
+
+    async def _generate(
+        self,
+        request: inference_pb2.GenerateRequest,
+        workload: WorkloadClass,
+        deadline: Deadline,
+        started: float,
+        tally: Tally,
+        span: trace.Span,
+    ) -> AsyncIterator[inference_pb2.GenerateResponse]:
+        """generate's stream, its picks and worker calls traced as children of span."""
         prompt = validate_generate(request)
         request.workload_class = int(workload)
         request.request_id = request.request_id or f"{self._id_prefix}-{next(self._ids):x}"
-        if self.recording:
-            trace.get_current_span().set_attributes(
-                {"gen_ai.request.model": request.model, "hanzo.workload_class": workload.name,
-                 "hanzo.request_id": request.request_id}
-            )  # fmt: skip
         excluded: list[str] = []
         last_error: grpc.aio.AioRpcError | None = None
         for attempt in range(self.settings.max_attempts):
-            pick = await self._pick(request.model, workload, excluded, deadline, last_error, prompt)
+            with parent_span(span):
+                pick = await self._pick(request.model, workload, excluded, deadline, last_error, prompt)
             if pick is None:
                 break
             sent_any = False
             tokens_sent = 0
-            with client_call_span(self.tracer, _WORKER_GENERATE) as (span, metadata):
+            with client_call_span(self.tracer, _WORKER_GENERATE, parent=span) as (call_span, metadata):
                 call = self.upstream.link(pick.address).start(request, _timeout(deadline), dict(metadata))
                 try:
                     async for response in call:
@@ -130,7 +171,7 @@ class Router:
                             self.tenant_tokens.add(request.tenant, prompt, usage.completion_tokens)
                         yield response
                 except grpc.aio.AioRpcError as failed:
-                    record_rpc_error(span, failed.code(), failed.details())
+                    record_rpc_error(call_span, failed.code(), failed.details())
                     error = failed
                 else:
                     error = None
@@ -159,16 +200,40 @@ class Router:
             last_error = error
             excluded.append(pick.node_id)
             tally.retries[workload].inc()
-            trace.get_current_span().add_event(
-                "retry", {"hanzo.failed_node": pick.node_id, "hanzo.attempt": attempt + 1}
-            )
+            span.add_event("retry", {"hanzo.failed_node": pick.node_id, "hanzo.attempt": attempt + 1})
         tally.failed(workload, _final_code(last_error))
         raise _exhausted(last_error, self.settings.max_attempts, "served the request")
 
     async def embed(
         self, request: inference_pb2.EmbedRequest, deadline: Deadline, tally: Tally
     ) -> inference_pb2.EmbedResponse:
-        """The vectors of request.inputs from one worker, moved to another while one fails retryably."""
+        """The vectors of request.inputs from one worker, moved to another while one fails retryably;
+        recorded as a GenAI span (`embeddings minilm`)."""
+        if not self.recording:
+            return await self._embed(request, deadline, tally)
+        operation = genai_spans.EMBEDDINGS
+        with self.tracer.start_as_current_span(
+            genai_spans.span_name(operation, request.model),
+            attributes=genai_spans.request_attributes(operation, request.model, WorkloadClass.EMBEDDING),
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            try:
+                reply = await self._embed(request, deadline, tally)
+            except BaseException as exc:
+                genai_spans.record_failure(span, exc)
+                raise
+            span.set_attributes(
+                {
+                    "gen_ai.response.model": request.model,
+                    "gen_ai.usage.input_tokens": reply.usage.prompt_tokens,
+                }
+            )
+            return reply
+
+    async def _embed(
+        self, request: inference_pb2.EmbedRequest, deadline: Deadline, tally: Tally
+    ) -> inference_pb2.EmbedResponse:
         validate_embed(request)
         excluded: list[str] = []
         last_error: grpc.aio.AioRpcError | None = None

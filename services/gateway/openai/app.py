@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
+from opentelemetry.instrumentation.asgi import OpenTelemetryMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from services.gateway.openai import embeddings
 from services.gateway.openai.errors import HttpError
@@ -21,6 +23,9 @@ CHAT_ROUTE = "/v1/chat/completions"
 COMPLETIONS_ROUTE = "/v1/completions"
 EMBEDDINGS_ROUTE = "/v1/embeddings"
 MODELS_ROUTE = "/v1/models"
+MODEL_ROUTE = MODELS_ROUTE + "/{model}"
+ROUTES = frozenset({CHAT_ROUTE, COMPLETIONS_ROUTE, EMBEDDINGS_ROUTE, MODELS_ROUTE})
+UNTRACED_PATHS = "/health$,/metrics$"  # probes and scrapes: regular expressions on the URL
 
 
 def build_app(front: Front) -> FastAPI:
@@ -30,25 +35,23 @@ def build_app(front: Front) -> FastAPI:
 
     @app.post(CHAT_ROUTE)
     async def chat_completions(request: Request) -> Response:
-        return await front.respond(CHAT_ROUTE, request, lambda r, s: generate(front, CHAT, r, s))
+        return await front.respond(CHAT_ROUTE, request, lambda r: generate(front, CHAT, r))
 
     @app.post(COMPLETIONS_ROUTE)
     async def text_completions(request: Request) -> Response:
-        return await front.respond(
-            COMPLETIONS_ROUTE, request, lambda r, s: generate(front, COMPLETIONS, r, s)
-        )
+        return await front.respond(COMPLETIONS_ROUTE, request, lambda r: generate(front, COMPLETIONS, r))
 
     @app.post(EMBEDDINGS_ROUTE)
     async def create_embeddings(request: Request) -> Response:
-        return await front.respond(EMBEDDINGS_ROUTE, request, lambda r, s: embeddings.create(front, r, s))
+        return await front.respond(EMBEDDINGS_ROUTE, request, lambda r: embeddings.create(front, r))
 
     @app.get(MODELS_ROUTE)
     async def list_models(request: Request) -> Response:
-        return await front.respond(MODELS_ROUTE, request, lambda r, s: _models(front, r, None))
+        return await front.respond(MODELS_ROUTE, request, lambda r: _models(front, r, None))
 
     @app.get(MODELS_ROUTE + "/{model:path}")
     async def retrieve_model(request: Request, model: str) -> Response:
-        return await front.respond(MODELS_ROUTE, request, lambda r, s: _models(front, r, model))
+        return await front.respond(MODELS_ROUTE, request, lambda r: _models(front, r, model))
 
     @app.get("/health")
     async def health() -> Response:
@@ -69,7 +72,25 @@ def build_app(front: Front) -> FastAPI:
 
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(RequestValidationError, http_error)
+    if front.recording:  # without a recording tracer Front carries a caller's trace itself, for less
+        app.add_middleware(
+            OpenTelemetryMiddleware,
+            tracer=front.tracer,
+            excluded_urls=UNTRACED_PATHS,
+            default_span_details=span_details,
+            exclude_spans=["receive", "send"],  # a span per SSE event would outnumber the rest
+        )
     return app
+
+
+def span_details(scope: Scope) -> tuple[str, dict[str, str]]:
+    """The SERVER span's name and route, `POST /v1/chat/completions` as OpenTelemetry's HTTP conventions
+    name it: the route's template, never the path (one model's card is GET /v1/models/{model})."""
+    method, path = scope.get("method", "HTTP"), scope.get("path", "")
+    route = MODEL_ROUTE if path.startswith(MODELS_ROUTE + "/") else path if path in ROUTES else None
+    if route is None:  # an unknown path: the method alone, so a scan cannot mint span names
+        return method, {}
+    return f"{method} {route}", {"http.route": route}
 
 
 async def _models(front: Front, request: Request, model: str | None) -> Response:

@@ -7,7 +7,6 @@ import base64
 import sys
 from array import array
 
-from opentelemetry import trace
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -17,7 +16,7 @@ from services.gateway.openai.front import Front
 from services.gateway.openai.schemas import EmbeddingData, EmbeddingList, EmbeddingRequest, Usage
 
 
-async def create(front: Front, request: Request, span: trace.Span) -> Response:
+async def create(front: Front, request: Request) -> Response:
     """The embeddings of the body's input (typed errors raised, answered by Front.respond)."""
     body = await front.parse(request, EmbeddingRequest)
     if body.dimensions is not None:

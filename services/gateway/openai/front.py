@@ -1,6 +1,7 @@
 """What every HTTP route of the OpenAI-compatible front shares: the API-key check, the body read within
-its size limit and parsed, the request's deadline, a server span, the client's disconnect watched, and
-typed errors answered in OpenAI's shape. The request path itself is the gateway's router."""
+its size limit and parsed, the request's deadline, the caller's trace continued, the client's disconnect
+watched, and typed errors answered in OpenAI's shape. The request path itself is the gateway's router.
+The SERVER span of a request is OpenTelemetry's ASGI instrumentation's (app.py), when spans record."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
-from opentelemetry import trace
+from opentelemetry import context, trace
 from opentelemetry.propagate import extract
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
@@ -57,24 +58,24 @@ class Front:
         self.tallies: dict[str, Tally] = {m: metrics.tally(m, HTTP) for m in ("Generate", "Chat", "Embed")}
 
     async def respond(
-        self, route: str, request: Request, handler: Callable[[Request, trace.Span], Awaitable[Response]]
+        self, route: str, request: Request, handler: Callable[[Request], Awaitable[Response]]
     ) -> Response:
-        """handler's response, or the OpenAI error for what it raised; counted and traced. A streamed
-        response ends its span itself, when the stream ends."""
-        span = self._span(f"{request.method} {route}", route, request.headers)
+        """handler's response, or the OpenAI error for what it raised; counted, and traced as part of
+        the caller's trace (W3C traceparent) whether or not this gateway records spans."""
         started = time.perf_counter()
         in_flight = self.metrics.http_in_flight.labels(route)
         in_flight.inc()
+        continued = self._continue_trace(request.headers)
         try:
-            with trace.use_span(
-                span, end_on_exit=False, record_exception=False, set_status_on_exception=False
-            ):
-                response = await handler(request, span)
+            response = await handler(request)
         except ClientGone:
             response = Response(status_code=499)  # nginx's "client closed request"; nobody reads it
         except Exception as exc:
             error = from_exception(exc)
             response = Response(error.json(), error.status, error.headers, "application/json")
+        finally:
+            if continued is not None:
+                context.detach(continued)
         status = str(response.status_code)
         self.metrics.http_responses.labels(route, status).inc()
 
@@ -85,7 +86,6 @@ class Front:
         if isinstance(response, SSEResponse):
             response.on_close = done  # a stream is answered when its last event is out
         else:
-            end_span(span, response.status_code)
             done()
         return response
 
@@ -154,24 +154,14 @@ class Front:
             raise ClientGone
         raise DeadlineExceeded("the request's time ran out before the reply was complete")
 
-    def _span(self, name: str, route: str, headers: Mapping[str, str]) -> trace.Span:
-        """The request's SERVER span (not current: a stream outlives the handler), continuing a caller's
-        W3C trace; none at all when nothing records and no trace came in."""
-        if _TRACEPARENT not in headers and not self.recording:
-            return trace.INVALID_SPAN
-        return self.tracer.start_span(
-            name, context=extract(headers), kind=trace.SpanKind.SERVER, attributes={"http.route": route}
-        )
-
-
-def end_span(span: trace.Span, status: int) -> None:
-    """Record the response's status on span and end it (server errors mark the span failed)."""
-    if span is trace.INVALID_SPAN:
-        return
-    span.set_attribute("http.response.status_code", status)
-    if status >= 500:
-        span.set_status(trace.Status(trace.StatusCode.ERROR, f"HTTP {status}"))
-    span.end()
+    def _continue_trace(self, headers: Mapping[str, str]) -> object | None:
+        """Where nothing records there is no ASGI span to carry a caller's trace: its context is made
+        current for the handler, so the worker's spans (if its gateway's peers record) join that trace.
+        The token to detach, None when there was nothing to do. The router reads the stream's first
+        response inside the handler, so every worker call starts under this context."""
+        if self.recording or _TRACEPARENT not in headers:
+            return None
+        return context.attach(extract(headers))
 
 
 async def _disconnected(receive: Receive) -> None:

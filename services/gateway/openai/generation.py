@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from opentelemetry import trace
 from pydantic import BaseModel
 from starlette.requests import Request
 from starlette.responses import Response
@@ -23,7 +22,7 @@ from hanzo.inference.v1 import inference_pb2
 from services.gateway.classify import classify_generate
 from services.gateway.openai import chat, completions
 from services.gateway.openai.auto_tool_stream import AutoToolText
-from services.gateway.openai.front import Front, end_span
+from services.gateway.openai.front import Front
 from services.gateway.openai.sampling import include_usage
 from services.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields
 from services.gateway.openai.streaming import Chunks, Outcome, PlainText, SSEResponse, collect, events
@@ -57,7 +56,7 @@ COMPLETIONS = TextRoute(
 )
 
 
-async def generate(front: Front, route: TextRoute, request: Request, span: trace.Span) -> Response:
+async def generate(front: Front, route: TextRoute, request: Request) -> Response:
     """The reply to one chat or completion request (typed errors raised, answered by Front.respond)."""
     started = time.monotonic()  # TTFT as the caller sees it, from arrival
     body = await front.parse(request, route.schema)
@@ -77,7 +76,6 @@ async def generate(front: Front, route: TextRoute, request: Request, span: trace
         return Response(reply.model_dump_json(), 200, headers, "application/json")
     first = await front.guarded(request, anext(stream), deadline)
     writer = route.chunks(request_id, created, body.model)
-    ended = lambda: end_span(span, 200)  # noqa: E731
     choice = chat.holds_calls(body) if route is CHAT else None
     choices = message.sampling.n or 1
     if choice is None:
@@ -86,5 +84,5 @@ async def generate(front: Front, route: TextRoute, request: Request, span: trace
         text_of = AutoToolText
     else:  # a forced call is sent once whole, in OpenAI's delta shape
         text_of = functools.partial(ForcedCallText, choice)
-    sse = events(first, stream, writer, include_usage(body), deadline, ended, choices, text_of)
+    sse = events(first, stream, writer, include_usage(body), deadline, choices, text_of)
     return SSEResponse(sse, stream, headers={**headers, "cache-control": "no-cache"})

@@ -180,13 +180,12 @@ async def events(
     chunks: Chunks,
     include_usage: bool,
     deadline: Deadline,
-    ended: Callable[[], None],
     choices: int = 1,
     text_of: Callable[[], PlainText] = PlainText,
 ) -> AsyncIterator[str]:
     """The SSE text of a stream of `choices` choices whose first response is already read; it ends once
     each choice has finished. deadline: a backstop for a worker that stops answering (the worker ends the
-    stream at the deadline itself). ended: called once the stream is over, however it ended. text_of:
+    stream at the deadline itself). text_of:
     each choice's text hook (PlainText's shape). Closing this iterator (the client went away) closes
     stream, which cancels the worker's."""
 
@@ -230,18 +229,17 @@ async def events(
         if include_usage:
             yield chunks.usage(total_usage(usages.values()))
 
-    async for event in framed(deltas(), stream, ended):
+    async for event in framed(deltas(), stream):
         yield event
 
 
 async def framed(
     body: AsyncIterator[str],
     stream: AsyncIterator[inference_pb2.GenerateResponse],
-    ended: Callable[[], None],
 ) -> AsyncIterator[str]:
     """body's events, then an in-band error event if it raised (a timeout as DEADLINE_EXCEEDED), then
     [DONE]. However it ends, even closed by a client that went away, body and stream are closed (which
-    cancels the worker's stream) and ended() is called."""
+    cancels the worker's stream)."""
     error: HttpError | None = None
     try:
         async for event in body:
@@ -253,7 +251,6 @@ async def framed(
     finally:
         await body.aclose()  # type: ignore[attr-defined]
         await stream.aclose()  # type: ignore[attr-defined]  # the router's stream is an async generator
-        ended()
     if error is not None:
         yield f"data: {error.json()}\n\n"
     yield DONE

@@ -10,6 +10,7 @@ import grpc
 from opentelemetry import trace
 
 from hanzo.inference.v1 import inference_pb2, placer_pb2, worker_pb2, worker_pb2_grpc
+from services.common import genai_spans
 from services.common.chat import template_inputs, tool_choice_params
 from services.common.errors import Unauthenticated
 from services.common.sampling_proto import sampling_params
@@ -97,6 +98,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         started = time.monotonic()
         first_token_at: dict[int, float] = {}  # per choice
         last_token_at: dict[int, float] = {}
+        finished: dict[int, RequestOutput] = {}  # each finished choice's last output
         texts = token_texts(llm.engine.tokenizer) if params.logprobs is not None else None
         try:
             async for index, out in generate_choices(llm, prompt, params, request_id, hints):
@@ -119,9 +121,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if out.finished:
                     _finish(response, out)
                     tools.finish(index, response)
-                    self._record(
-                        request.model, workload, params.max_tokens, started, first_token_at[index], out
-                    )
+                    finished[index] = out
+                    self._record(request, workload, started, first_token_at[index], out, finished)
                 yield response
         except AdmissionError as exc:  # answered RESOURCE_EXHAUSTED with its delay as RetryInfo
             self.metrics.rejected.labels(*labels, exc.reason).inc()
@@ -178,11 +179,18 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         return worker_pb2.WorkerStats(node_id=self.node_id, models=models, draining=self.draining)
 
     def _record(
-        self, model: str, workload: WorkloadClass, max_tokens: int, started: float, first_token_at: float,
+        self,
+        request: inference_pb2.GenerateRequest,
+        workload: WorkloadClass,
+        started: float,
+        first_token_at: float,
         final: RequestOutput,
-    ) -> None:  # fmt: skip
-        """Metrics and the engine-phase spans of a finished request (phases timed in the engine thread)."""
+        finished: dict[int, RequestOutput],
+    ) -> None:
+        """Metrics and the engine-phase spans of a finished choice (phases timed in the engine thread);
+        finished: the last output of each choice finished so far (final's among them)."""
         end = time.monotonic()
+        model = request.model
         labels = (model, workload.name)
         metrics = self.metrics
         metrics.e2e.labels(*labels).observe(end - started)
@@ -199,22 +207,36 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         metrics.decode_time.labels(*labels).observe(max(0.0, end - first_token_at))
         metrics.inference_time.labels(*labels).observe(max(0.0, end - scheduled))
         span = trace.get_current_span()
-        attributes = {
-            "gen_ai.operation.name": "text_completion",
-            "gen_ai.request.model": model,
-            "gen_ai.request.max_tokens": max_tokens,
-            "gen_ai.usage.input_tokens": final.num_prompt_tokens,
-            "gen_ai.usage.output_tokens": final.num_output_tokens,
-            "gen_ai.response.finish_reasons": [final.finish_reason or "abort"],
-            "hanzo.workload_class": workload.name,
-            "hanzo.node_id": self.node_id,
-            "hanzo.cached_prompt_tokens": final.num_cached_tokens,
-        }
-        span.set_attributes(attributes)
+        if not span.is_recording():
+            return
+        operation = genai_spans.operation_of(request)
+        span.set_attributes(genai_spans.request_attributes(operation, model, workload, request.sampling))
+        reasons = [finished[i].finish_reason or "abort" for i in sorted(finished)]
+        outputs = sum(out.num_output_tokens for out in finished.values())
+        response_id = request.request_id or final.request_id
+        span.set_attributes(
+            genai_spans.response_attributes(response_id, model, reasons, final.num_prompt_tokens, outputs)
+        )
+        span.set_attributes(
+            {"hanzo.node_id": self.node_id, "hanzo.cached_prompt_tokens": final.num_cached_tokens}
+        )
+        # The scheduler's decision on the phase spans: the class it ordered the request by, the token
+        # budget of the step that let it in, whether that step ran nested between another's layers, and
+        # how often the request was preempted (its KV dropped and recomputed).
         phase = {"gen_ai.request.model": model, "hanzo.workload_class": workload.name}
-        record_span(self.tracer, "queue", started, max(started, scheduled), phase)
-        record_span(self.tracer, "prefill", max(started, scheduled), first_token_at, phase)
-        record_span(self.tracer, "decode", first_token_at, end, phase)
+        decision = {
+            **phase,
+            "hanzo.scheduler.budget_tokens": final.first_budget or 0,
+            "hanzo.scheduler.nested": final.first_nested,
+            "hanzo.scheduler.preemptions": final.num_preemptions,
+        }
+        prefill = {**phase, "gen_ai.usage.input_tokens": final.num_prompt_tokens,
+                   "hanzo.cached_prompt_tokens": final.num_cached_tokens}  # fmt: skip
+        decode = {**phase, "gen_ai.usage.output_tokens": final.num_output_tokens,
+                  "hanzo.scheduler.preemptions": final.num_preemptions}  # fmt: skip
+        record_span(self.tracer, "queue", started, max(started, scheduled), decision)
+        record_span(self.tracer, "prefill", max(started, scheduled), first_token_at, prefill)
+        record_span(self.tracer, "decode", first_token_at, end, decode)
 
 
 def _finish(response: inference_pb2.GenerateResponse, out: RequestOutput) -> None:
