@@ -129,8 +129,10 @@ def test_every_dashboard_and_alert_query_answers_against_the_running_mesh(
             unknown = {f for f in families if f not in exported and f.removesuffix("_total") not in exported}
             assert not unknown, f"{expression.where} reads {unknown}, which no service exports"
 
+        answered = 0
         for expression in dashboard_expressions():
             result = _query(base, expression)
+            answered += bool(result)
             if not any(title in expression.where for title in EVENT_ONLY):
                 assert result, f"{expression.where} returned no series: {expression.promql}"
 
@@ -152,3 +154,12 @@ def test_every_dashboard_and_alert_query_answers_against_the_running_mesh(
         for vllm_query in vllm_dashboard_queries():
             expression = Expression(f"vLLM's {vllm_query}", from_vllm(vllm_query, MODEL))
             assert _query(base, expression), f"{expression.where} returned nothing as {expression.promql}"
+        # What `pytest -s` shows of the run (the closing notes quote it).
+        summary = {
+            "targets_up": len(targets),
+            "dashboard_queries": len(dashboard_expressions()),
+            "dashboard_queries_answering": answered,
+            "rules_evaluated_ok": len(evaluated),
+            "vllm_queries_answering": len(vllm_dashboard_queries()),
+        }
+        print(json.dumps(summary))
