@@ -12,8 +12,9 @@ import numpy as np
 
 from bench.placer_measure import Timed, inprocess_picks
 from bench.placer_naive import NaivePicker
-from hanzo.inference.v1 import placer_pb2
+from hanzo.inference.v1 import cluster_state_pb2, placer_pb2
 from services.placer.app import PlacerApp
+from services.placer.cluster.convert import node_record
 from services.placer.config import PlacerSettings
 from services.placer.pick import ClassWeights, Picker
 from services.placer.replica import PlacerReplica
@@ -70,8 +71,9 @@ class InProcessPlacer:
 
     async def costs(self, requests: Sequence[placer_pb2.PickRequest]) -> dict[str, float]:
         """Median cost of one full resync (ms; it blocks the loop each resync interval), of view.expire()
-        (us; PlacerReplica.pick calls it on every pick), of applying one thermal sample (us) and of
-        Picker.pick alone (us) rescoring every row on every pick, as a placer without incremental
+        (us; PlacerReplica.pick calls it on every pick), of applying one thermal sample (us), one
+        heartbeat that moved only the load (us; against the full record rewrite every heartbeat cost
+        before ClusterState's fast path), and of Picker.pick alone (us) rescoring every row on every pick, as a placer without incremental
         rankings would (measure() reports how many rows the placer's own picker rescored instead)."""
         view = self.app.view
         picker = Picker(ClassWeights.from_config(self.app.settings.class_weights), incremental=False)
@@ -91,6 +93,20 @@ class InProcessPlacer:
             view.apply_thermal(node_id, entry)  # what each pub/sub thermal event costs after decoding
             apply_us.append((time.perf_counter_ns() - t0) / 1e3)
         self.events -= len(apply_us)  # not events
+        beat_us, full_us = [], []
+        for entry in list(view.nodes.values())[:1000]:
+            beat = cluster_state_pb2.NodeEntry()
+            beat.CopyFrom(entry)
+            beat.deadline_s += 1e-3  # newer, so it is taken
+            beat.report.load.running += 1
+            t0 = time.perf_counter_ns()
+            view.apply_node(beat)  # a heartbeat that moved the load only: the fast path
+            beat_us.append((time.perf_counter_ns() - t0) / 1e3)
+            t0 = time.perf_counter_ns()
+            view.snapshot.upsert(
+                node_record(beat, view.thermal.get(beat.report.node_id))
+            )  # every beat, before
+            full_us.append((time.perf_counter_ns() - t0) / 1e3)
         picker_us = []
         for i in range(1000):
             query = PlacerReplica.query_of(requests[i % len(requests)])
@@ -101,6 +117,8 @@ class InProcessPlacer:
             "resync_ms": round(statistics.median(resync_ms), 1),
             "view_expire_us_p50": round(statistics.median(expire_us), 1),
             "apply_thermal_us_p50": round(statistics.median(apply_us), 1),
+            "apply_heartbeat_us_p50": round(statistics.median(beat_us), 1),
+            "apply_heartbeat_full_us_p50": round(statistics.median(full_us), 1),
             "picker_fresh_us_p50": round(statistics.median(picker_us), 1),
         }
 

@@ -10,10 +10,23 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from services.placer.cluster.records import NodeRecord, ThermalSample
+
+
+class NodeLoadLike(Protocol):
+    """A heartbeat's load (placer_pb2.NodeLoad, or the simulator's)."""
+
+    running: int
+    waiting: int
+    max_running: int
+    batch_running: int
+    batch_waiting: int
+    kv_usage: float
+
 
 _FLOAT_COLUMNS = (
     "deadline_s",
@@ -213,6 +226,22 @@ class ClusterSnapshot:
                 columns.host_copy[row] = False
         self._write_thermal(row, record.thermal, record.temperature_trend_c_per_s)
         return row
+
+    def update_load(
+        self, node_id: str, load: NodeLoadLike, memory_free_bytes: int, deadline_s: float
+    ) -> None:
+        """Write only the load of a known node (a heartbeat that changed nothing else; a node not in the
+        snapshot is a caller's bug: KeyError)."""
+        row = self.row_of[node_id]
+        self._written(row)
+        self.deadline_s[row] = deadline_s
+        self.running[row] = load.running
+        self.waiting[row] = load.waiting
+        self.max_running[row] = load.max_running
+        self.batch_running[row] = load.batch_running
+        self.batch_waiting[row] = load.batch_waiting
+        self.kv_usage[row] = load.kv_usage
+        self.memory_free_bytes[row] = memory_free_bytes
 
     def add_waiting(self, row: int, batch: bool = False) -> None:
         """Count one more request waiting at row (a BATCH one if batch), until its next heartbeat
