@@ -73,8 +73,9 @@ class InProcessPlacer:
         """Median cost of one full resync (ms; it blocks the loop each resync interval), of view.expire()
         (us; PlacerReplica.pick calls it on every pick), of applying one thermal sample (us), one
         heartbeat that moved only the load (us; against the full record rewrite every heartbeat cost
-        before ClusterState's fast path), and of Picker.pick alone (us) rescoring every row on every pick, as a placer without incremental
-        rankings would (measure() reports how many rows the placer's own picker rescored instead)."""
+        before ClusterState's fast path), and of Picker.pick alone (us) rescoring every row on every
+        pick, as a placer without incremental rankings would (measure() reports how many rows the
+        placer's own picker rescored instead)."""
         view = self.app.view
         picker = Picker(ClassWeights.from_config(self.app.settings.class_weights), incremental=False)
         resync_ms = []
