@@ -18,7 +18,7 @@ from services.placer.cluster.records import NodeRecord, ThermalSample
 
 
 class NodeLoadLike(Protocol):
-    """A heartbeat's load (placer_pb2.NodeLoad, or the simulator's)."""
+    """A heartbeat's load: placer_pb2.NodeLoad, or a NodeRecord (which carries the same fields)."""
 
     running: int
     waiting: int
@@ -199,15 +199,8 @@ class ClusterSnapshot:
         self.addresses[row] = record.address
         self.live[row] = True
         self.draining[row] = record.draining
-        self.deadline_s[row] = record.deadline_s
-        self.running[row] = record.running
-        self.waiting[row] = record.waiting
-        self.max_running[row] = record.max_running
-        self.batch_running[row] = record.batch_running
-        self.batch_waiting[row] = record.batch_waiting
-        self.kv_usage[row] = record.kv_usage
         self.memory_total_bytes[row] = record.memory_total_bytes
-        self.memory_free_bytes[row] = record.memory_free_bytes
+        self._write_load(row, record, record.memory_free_bytes, record.deadline_s)
         codes = [self.code(label) for label in topology_keys(record.zone, record.rack, record.host)]
         for name, code in zip(_CODE_COLUMNS, codes, strict=True):
             column = getattr(self, name)
@@ -234,6 +227,9 @@ class ClusterSnapshot:
         snapshot is a caller's bug: KeyError)."""
         row = self.row_of[node_id]
         self._written(row)
+        self._write_load(row, load, memory_free_bytes, deadline_s)
+
+    def _write_load(self, row: int, load: NodeLoadLike, memory_free_bytes: int, deadline_s: float) -> None:
         self.deadline_s[row] = deadline_s
         self.running[row] = load.running
         self.waiting[row] = load.waiting
