@@ -2,9 +2,13 @@
 
 Each GPU heartbeats and each telemetry agent samples once per interval (1 s, as the worker and agent
 default to), at a phase of its own, so the placer's state changes a little at a time as it does in a
-real fleet. A heartbeat is the NodeEntry a worker's Heartbeat becomes (load, models, memory, topology);
-a sample is a GpuSample, smoothed into a trend by the same ClusterState.thermal_entry the placer runs.
-Nothing here reaches a socket or Redis.
+real fleet. A GPU's first heartbeat is the NodeEntry a worker's Heartbeat becomes (load, models, memory,
+topology) and its first sample a GpuSample, taken through ClusterState.apply_node / thermal_entry /
+apply_thermal as the placer takes them. After that a heartbeat moves only the load (the fleet's models
+are fixed), so a slice's heartbeats and samples go to the same snapshot columns at once
+(ClusterState.apply_loads / apply_samples: the same values, trends smoothed the same way, one
+vectorised write a column instead of a protobuf a GPU, which was a quarter of a run's time at 1,000
+GPUs). Nothing here reaches a socket or Redis.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from hanzo.inference.v1 import cluster_state_pb2, common_pb2, placer_pb2, telemetry_pb2
+from services.placer.cluster.batches import LoadBatch, ThermalBatch
 from services.placer.cluster.state import ClusterState
 from sim.engine_model import GpuEngine
 from sim.fleet import Fleet
@@ -41,7 +46,7 @@ class Feed:
         # Each GPU's phase within the interval: a fraction, the same for its heartbeat and its sample.
         self.phase = np.random.default_rng([seed, 5]).random(len(engines))
         self._templates = [self._template(g) for g in range(len(engines))]
-        self._next_slot = 0.0
+        self._registered = np.zeros(len(engines), dtype=bool)  # sent its first, full heartbeat
 
     def _template(self, g: int) -> placer_pb2.NodeReport:
         engine, fleet = self.engines[g], self.fleet
@@ -70,15 +75,61 @@ class Feed:
 
     def send(self, start_s: float, end_s: float) -> None:
         """Heartbeats and samples of every GPU whose phase falls in [start_s, end_s) (end_s - start_s at
-        most one interval)."""
+        most one interval). A GPU's first heartbeat registers it through the placer's protobuf path
+        (apply_node: a full NodeReport); later ones move only the load, and go to the same snapshot
+        columns in one batch a slice (apply_loads, apply_samples), each with its own phase's time."""
         a = start_s % HEARTBEAT_INTERVAL_S / HEARTBEAT_INTERVAL_S
         b = a + (end_s - start_s) / HEARTBEAT_INTERVAL_S
         phase = self.phase
         due = (phase >= a) & (phase < b) if b <= 1.0 else (phase >= a) | (phase < b - 1.0)
-        for g in np.flatnonzero(due).tolist():
-            when = start_s + ((phase[g] - a) % 1.0) * HEARTBEAT_INTERVAL_S
-            self.heartbeat(g, when)
-            self.sample(g, when)
+        gpus = np.flatnonzero(due)
+        when = start_s + ((phase[gpus] - a) % 1.0) * HEARTBEAT_INTERVAL_S
+        first = ~self._registered[gpus]
+        for g, now in zip(gpus[first].tolist(), when[first].tolist(), strict=True):
+            self.heartbeat(g, now)
+            self.sample(g, now)
+            self._registered[g] = True
+        known = ~first
+        if known.any():
+            self._send_batch(gpus[known], when[known])
+
+    def _send_batch(self, gpus: np.ndarray, when: np.ndarray) -> None:
+        engines, row_of, node_ids = self.engines, self.state.snapshot.row_of, self.fleet.node_ids
+        beating = [engines[g] for g in gpus.tolist()]
+        for engine, now in zip(beating, when.tolist(), strict=True):
+            engine.advance(now)  # as heartbeat() does, so both paths leave the engines alike
+        rows = np.fromiter((row_of[node_ids[g]] for g in gpus.tolist()), np.int64, len(gpus))
+        self.state.apply_loads(
+            LoadBatch(
+                rows=rows,
+                deadline_s=when + NODE_TTL_S,
+                running=np.fromiter((e.num_running for e in beating), float, len(beating)),
+                waiting=np.fromiter((e.num_waiting for e in beating), float, len(beating)),
+                max_running=self.profile.max_running,
+                batch_running=np.fromiter((e.batch_running for e in beating), float, len(beating)),
+                batch_waiting=np.fromiter((len(e.waiting[2]) for e in beating), float, len(beating)),
+                kv_usage=np.fromiter((e.kv_usage() for e in beating), float, len(beating)),
+                memory_free_bytes=np.fromiter((e.memory_free_bytes for e in beating), float, len(beating)),
+            )
+        )
+        thermal, p = self.thermal, self.profile.thermal
+        assert p is not None
+        self.state.apply_samples(
+            ThermalBatch(
+                rows=rows,
+                timestamp_s=when,
+                temperature_c=thermal.temperature_c[gpus],
+                simulated=True,
+                slowdown_temperature_c=p.slowdown_c,
+                shutdown_temperature_c=p.shutdown_c,
+                clock_event_reasons=thermal.reasons[gpus],
+                power_w=thermal.power_w[gpus],
+                power_limit_w=p.tdp_w,
+                sm_clock_mhz=p.max_sm_clock_mhz * thermal.clock[gpus],
+                sm_clock_max_mhz=p.max_sm_clock_mhz,
+                utilization=thermal.utilization[gpus],
+            )
+        )
 
     def heartbeat(self, g: int, now: float) -> None:
         engine = self.engines[g]

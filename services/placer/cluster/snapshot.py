@@ -14,6 +14,7 @@ from typing import Protocol
 
 import numpy as np
 
+from services.placer.cluster.batches import Column, LoadBatch, ThermalBatch
 from services.placer.cluster.records import NodeRecord, ThermalSample
 
 
@@ -166,8 +167,15 @@ class ClusterSnapshot:
         return self._log[position - self._log_start :]
 
     def _written(self, row: int) -> None:
+        self._log.append(row)
+        self._trim_log()
+
+    def _written_rows(self, rows: np.ndarray) -> None:
+        self._log.extend(rows.tolist())
+        self._trim_log()
+
+    def _trim_log(self) -> None:
         log = self._log
-        log.append(row)
         if len(log) > max(_MIN_LOG_ENTRIES, 2 * self.capacity):
             half = len(log) // 2
             del log[:half]
@@ -229,7 +237,15 @@ class ClusterSnapshot:
         self._written(row)
         self._write_load(row, load, memory_free_bytes, deadline_s)
 
-    def _write_load(self, row: int, load: NodeLoadLike, memory_free_bytes: int, deadline_s: float) -> None:
+    def update_loads(self, batch: LoadBatch) -> None:
+        """update_load for many known nodes at once (their rows in batch.rows)."""
+        self._written_rows(batch.rows)
+        self._write_load(batch.rows, batch, batch.memory_free_bytes, batch.deadline_s)  # type: ignore[arg-type]
+
+    def _write_load(
+        self, row: int | np.ndarray, load: NodeLoadLike, memory_free_bytes: Column, deadline_s: Column
+    ) -> None:
+        """Writes one row, or every row of an array of rows from columns (LoadBatch)."""
         self.deadline_s[row] = deadline_s
         self.running[row] = load.running
         self.waiting[row] = load.waiting
@@ -271,7 +287,15 @@ class ClusterSnapshot:
         self._write_thermal(row, sample, trend_c_per_s)
         return True
 
-    def _write_thermal(self, row: int, sample: ThermalSample | None, trend_c_per_s: float) -> None:
+    def update_thermals(self, batch: ThermalBatch, trend_c_per_s: np.ndarray) -> None:
+        """update_thermal for many known nodes at once (their rows in batch.rows)."""
+        self._written_rows(batch.rows)
+        self._write_thermal(batch.rows, batch, trend_c_per_s)  # type: ignore[arg-type]
+
+    def _write_thermal(
+        self, row: int | np.ndarray, sample: ThermalSample | None, trend_c_per_s: Column
+    ) -> None:
+        """Writes one row, or every row of an array of rows from columns (ThermalBatch)."""
         self.has_thermal[row] = sample is not None
         if sample is None:
             return

@@ -12,6 +12,7 @@ import numpy as np
 
 from hanzo.inference.v1 import cluster_state_pb2, placer_pb2
 from services.common.workload import WorkloadClass
+from services.placer.cluster.batches import LoadBatch, ThermalBatch
 from services.placer.cluster.convert import node_record, thermal_sample
 from services.placer.cluster.snapshot import ClusterSnapshot
 
@@ -51,6 +52,31 @@ class ClusterState:
         """Take a node's GPU sample into the snapshot (a node not yet known gets it with its heartbeat)."""
         self.thermal[node_id] = entry
         self.snapshot.update_thermal(node_id, thermal_sample(entry.sample), entry.temperature_trend_c_per_s)
+
+    def apply_loads(self, batch: LoadBatch) -> None:
+        """Heartbeats of known nodes that moved only their load, all at once: the rows apply_node's fast
+        path would write (a node whose held heartbeat is as new is skipped, as there), one vectorised
+        write a column. For a feed that builds no protobufs (the fleet simulator): `nodes` keeps each
+        node's last heartbeat taken through apply_node."""
+        newer = batch.deadline_s > self.snapshot.deadline_s[batch.rows]
+        if not newer.all():
+            batch = batch.subset(newer)
+        self.snapshot.update_loads(batch)
+        if batch.rows.size:
+            self._next_expiry_s = min(self._next_expiry_s, float(batch.deadline_s.min()))
+
+    def apply_samples(self, batch: ThermalBatch) -> None:
+        """GPU samples of known nodes, all at once, each trend smoothed against the row's last sample as
+        thermal_entry smooths it (the same arithmetic, so the same values). Like apply_loads, for a
+        feed without protobufs: `thermal` keeps the last entries taken through apply_thermal."""
+        snapshot, rows = self.snapshot, batch.rows
+        held = snapshot.has_thermal[rows]
+        dt = batch.timestamp_s - snapshot.thermal_timestamp_s[rows]
+        previous = snapshot.temperature_trend_c_per_s[rows]
+        with np.errstate(divide="ignore", invalid="ignore"):  # dt <= 0 rows keep their trend below
+            rate = (batch.temperature_c - snapshot.temperature_c[rows]) / dt
+        smoothed = np.where(dt > 0, previous + _TREND_ALPHA * (rate - previous), previous)
+        snapshot.update_thermals(batch, np.where(held, smoothed, 0.0))
 
     def thermal_entry(self, node_id: str, sample: object) -> cluster_state_pb2.ThermalEntry:
         """A ThermalEntry for a new sample, with the trend smoothed against the previous one."""

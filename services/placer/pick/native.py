@@ -2,9 +2,10 @@
 
 At 8,000 workers a pick rescores a few dozen rows and ranks every row; in numpy each of those steps is
 about a hundred calls of a microsecond, whatever the row count, and that per-call cost was most of a
-pick. The C path runs the same formulas in two calls. It serves only the standard filters and row
-scorers (filters.py, scorers.py), recognised by identity with their configs read off; any other filter
-or scorer keeps the numpy path, which stays the reference the tests compare against.
+pick. The C path runs the same formulas in two calls. It serves only the standard filters (all four,
+or all but not_thermally_critical, as the simulator's baselines run them) and row scorers (filters.py,
+scorers.py), recognised by identity with their configs read off; any other filter or scorer keeps the
+numpy path, which stays the reference the tests compare against.
 
 Built with the system C compiler into ~/.cache/hanzo (XDG_CACHE_HOME), named by a hash of the source
 and flags; `make setup` builds it, so a placer only loads it. Where it cannot be built (no compiler, or
@@ -72,6 +73,7 @@ class Table(ctypes.Structure):
         ("scorer", _i64 * MAX_SCORERS),
         ("weight", _f64 * MAX_SCORERS),
         ("batch", _i64),
+        ("thermal_filter", _i64),
         *[(name, _f64) for name in _TABLE_CONSTANTS],
     ]
 

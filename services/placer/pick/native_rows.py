@@ -32,12 +32,8 @@ _ROW_SCORERS = {  # csrc/pick_rows.c's scorer kinds
     standard_scorers.thermal_headroom: 3,
 }
 _CONFIGURED = (standard_scorers.batch_isolation, standard_scorers.thermal_headroom)  # take a ScorerConfig
-_FILTERS = (
-    standard_filters.healthy,
-    standard_filters.model_loadable,
-    standard_filters.memory,
-    standard_filters.not_thermally_critical,
-)
+_REQUIRED_FILTERS = (standard_filters.healthy, standard_filters.model_loadable, standard_filters.memory)
+_FILTERS = (*_REQUIRED_FILTERS, standard_filters.not_thermally_critical)  # the last one optional
 _LABEL_COLUMNS = ("zone", "rack", "host")
 _NO_ROWS = np.zeros(1, dtype=np.int64)  # an address for an empty row list
 _ADDRESSES_KEPT = 1024
@@ -106,6 +102,7 @@ class NativeRows:
             penalty=penalty,
             near_band_c=degraded[0] if degraded else 0.0,
             degraded_slowdown_c=degraded[1] if degraded else 0.0,
+            thermal_filter=int(filter_config[2]),
             kv_full_fraction=filter_config[0],
             shutdown_margin_c=filter_config[1],
             span_c=config.thermal_span_c,
@@ -245,18 +242,20 @@ class NativeRows:
         return self.leader_totals[:count], self.leaders[:count], self._ties.value
 
 
-def _filter_config(filters: Sequence[Filter]) -> tuple[float, float] | None:
-    """(kv_full_fraction, shutdown_margin_c) when filters are exactly the four standard ones."""
+def _filter_config(filters: Sequence[Filter]) -> tuple[float, float, bool] | None:
+    """(kv_full_fraction, shutdown_margin_c, whether not_thermally_critical is one) when filters are the
+    standard ones: all four, or all but not_thermally_critical."""
     found: _Bound = {}
     for keep in filters:
         func, keywords = _unbound(keep)
         if func not in _FILTERS or found.setdefault(func, keywords) != keywords:
             return None
-    if len(found) != len(_FILTERS):
+    if not set(_REQUIRED_FILTERS) <= found.keys():
         return None
     kv = _keyword(found, standard_filters.memory, "kv_full_fraction")
-    margin = _keyword(found, standard_filters.not_thermally_critical, "shutdown_margin_c")
-    return float(kv), float(margin)  # type: ignore[arg-type]
+    thermal = standard_filters.not_thermally_critical in found
+    margin = _keyword(found, standard_filters.not_thermally_critical, "shutdown_margin_c") if thermal else 0.0
+    return float(kv), float(margin), thermal  # type: ignore[arg-type]
 
 
 def _scorer_kind(scorer: RowScorer) -> tuple[int, ScorerConfig | None] | None:

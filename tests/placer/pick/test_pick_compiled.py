@@ -39,11 +39,21 @@ CONFIGS = {
 }
 
 
-def _picker(weights: str, config: str, compiled: bool, incremental: bool = True) -> Picker:
+def _filters(config: FilterConfig, thermal_filter: bool = True) -> dict:
+    """The standard filters, or (as the simulator's baselines run) all but not_thermally_critical."""
+    standard = build_filters(config)
+    return (
+        standard if thermal_filter else {k: f for k, f in standard.items() if k != "not_thermally_critical"}
+    )
+
+
+def _picker(
+    weights: str, config: str, compiled: bool, incremental: bool = True, thermal_filter: bool = True
+) -> Picker:
     filter_config, scorer_config = CONFIGS[config]
     return Picker(
         ClassWeights.from_config(WEIGHTS[weights]),
-        filters=build_filters(filter_config),
+        filters=_filters(filter_config, thermal_filter),
         scorers=build_scorers(scorer_config),
         rng=np.random.default_rng(5),
         near_slowdown_band_c=4.0,
@@ -53,12 +63,15 @@ def _picker(weights: str, config: str, compiled: bool, incremental: bool = True)
 
 
 @needs_compiler
+@pytest.mark.parametrize("thermal_filter", [True, False])
 @pytest.mark.parametrize("writes_per_pick", [0, 1, 3])
 @pytest.mark.parametrize("config", CONFIGS)
 @pytest.mark.parametrize("weights", WEIGHTS)
-def test_compiled_decisions_equal_numpy(weights: str, config: str, writes_per_pick: int) -> None:
-    compiled = _picker(weights, config, compiled=True)
-    reference = _picker(weights, config, compiled=False, incremental=False)
+def test_compiled_decisions_equal_numpy(
+    weights: str, config: str, writes_per_pick: int, thermal_filter: bool
+) -> None:
+    compiled = _picker(weights, config, compiled=True, thermal_filter=thermal_filter)
+    reference = _picker(weights, config, compiled=False, incremental=False, thermal_filter=thermal_filter)
     assert (
         decide_alike(compiled, reference, np.random.default_rng(11 + writes_per_pick), writes_per_pick) > 100
     )
@@ -120,6 +133,11 @@ def _keep_all(snapshot, query, rows):  # type: ignore[no-untyped-def]
     [
         ("standard filters and scorers", {}, True),
         ("standard with configs", {"filters": build_filters(FilterConfig(kv_full_fraction=0.5))}, True),
+        (
+            "standard but the thermal filter",
+            {"filters": _filters(FilterConfig(), thermal_filter=False)},
+            True,
+        ),
         ("a filter of its own", {"filters": {**build_filters(), "odd": _keep_all}}, False),
         ("a standard filter left out", {"filters": {"healthy": build_filters()["healthy"]}}, False),
         ("a row scorer of its own", {"scorers": {**build_scorers(), "load": _keep_all}}, False),

@@ -37,7 +37,8 @@ typedef struct {
     int64_t capacity, n_scorers;
     int64_t scorer[MAX_SCORERS];
     double weight[MAX_SCORERS];
-    int64_t batch; /* the table's class is BATCH (batch_isolation) */
+    int64_t batch;          /* the table's class is BATCH (batch_isolation) */
+    int64_t thermal_filter; /* not_thermally_critical is among the filters */
     double penalty, near_band_c, degraded_slowdown_c;
     double kv_full_fraction, shutdown_margin_c;                      /* FilterConfig */
     double span_c, horizon_s, scorer_slowdown_c, no_sample, batch_kv; /* ScorerConfig */
@@ -51,7 +52,7 @@ static int passes(const Columns *c, const Table *t, int64_t r, double now) {
     int fits = c->memory_free_bytes[r] >= c->weight_bytes;
     if (!(c->resident[r] || c->host_copy[r] || fits)) return 0;
     if (!(c->kv_usage[r] < t->kv_full_fraction) || !(c->resident[r] || fits)) return 0; /* memory */
-    if (c->has_thermal[r]) { /* not_thermally_critical */
+    if (t->thermal_filter && c->has_thermal[r]) { /* not_thermally_critical */
         double temp = c->temperature_c[r], shutdown = c->shutdown_c[r];
         int below_shutdown = shutdown <= 0.0 || temp < shutdown - t->shutdown_margin_c;
         int hw = (c->reasons[r] & HW_THERMAL) != 0;
