@@ -30,6 +30,8 @@ from sim.step_budget import BUDGET_STEP, prompt_budget
 
 IDLE, DECODE, STEP = 0, 1, 2
 _EPS = 1e-9
+_DONE_TOLERANCE = 1e-6  # a sequence whose finish counter is this close to the counter is done
+_INF = math.inf
 
 Schedule = Callable[[float, "GpuEngine", int], None]
 
@@ -162,12 +164,18 @@ class GpuEngine:
     def on_event(self, now: float, version: int) -> None:
         if version != self.version:
             return  # superseded by a later schedule
-        self.next_event = math.inf
+        self.next_event = _INF
         self.advance(now)
         if self.mode == STEP:
             self._end_step(now)
-        self._complete_finished(now)
-        self._plan(now)
+        if self.running and self.running[0][0] <= self.counter + _DONE_TOLERANCE:
+            self._complete_finished(now)
+        if (self.prefilling or self.num_waiting) and self._start_step(now):
+            return
+        if self.running:
+            self._plan_decode(now)
+        else:
+            self.mode = IDLE
 
     def set_clock(self, now: float, factor: float) -> None:
         """The thermal model changed the clock: what is in progress speeds up or slows down."""
@@ -220,14 +228,6 @@ class GpuEngine:
         layers = self.profile.layers
         return self.profile.preempt_granularity_s if layers is None else step_s / (2 * layers)
 
-    def _plan(self, now: float) -> None:
-        if (self.prefilling or self.num_waiting) and self._start_step(now):
-            return
-        if self.running:
-            self._plan_decode(now)
-        else:
-            self.mode = IDLE
-
     def _plan_decode(self, now: float) -> None:
         self.mode = DECODE
         step_s = 0.0
@@ -242,44 +242,51 @@ class GpuEngine:
     def _start_step(self, now: float) -> bool:
         """Start a prompt step now if any prompt can run; False when none can (no seat or KV room)."""
         decodes = len(self.running)
-        budget = self._budget(decodes)
+        profile = self.profile
+        # The adaptive budget only where the profile has one (_budget); else the whole budget, inline:
+        # this runs at every prompt step of every GPU.
+        adaptive = profile.itl_min_efficiency is not None
+        budget = self._budget(decodes) if adaptive else profile.token_budget - decodes
         chunk: list[tuple[Request, int]] = []
         for request in self.prefilling:
             if budget <= 0:
                 break
-            take = min(request.to_prefill, budget)
+            take = request.to_prefill if request.to_prefill < budget else budget
             chunk.append((request, take))
             budget -= take
         while budget > 0 and self.num_waiting:
             request = self._admit()
             if request is None:
                 break
-            take = min(request.to_prefill, budget)
+            take = request.to_prefill if request.to_prefill < budget else budget
             chunk.append((request, take))
             budget -= take
         if not chunk:
             return False
+        costs, context_of = self.costs, self.context
         seconds = 0.0
         active: set[str] = set()
         for model, rows in self.rows.items():
             if rows:
-                cost = self.costs[model]
-                seconds += cost.per_row_s * rows + cost.per_context_token_s * self.context[model]
+                cost = costs[model]
+                seconds += cost.per_row_s * rows + cost.per_context_token_s * context_of[model]
                 active.add(model)
         prompt_s = 0.0
         for request, tokens in chunk:
-            cost = self.costs[request.model]
+            cost = costs[request.model]
             context = request.prompt - request.to_prefill + tokens
             prompt_s += tokens * (cost.per_prefill_token_s + cost.per_prefill_attention_s * context)
             active.add(request.model)
         self.prefill_compute_s += prompt_s
         seconds += prompt_s
-        seconds += sum(self.costs[m].base_s for m in active)
+        seconds += sum(costs[m].base_s for m in active)
         self.step = chunk
         self.mode = STEP
-        self.step_s = seconds / self.clock
-        self.step_end = now + self.step_s
-        self._at(self.step_end, force=True)
+        self.step_s = step_s = seconds / self.clock
+        self.step_end = step_end = now + step_s
+        self.version += 1  # _at(step_end, force=True), inline
+        self.next_event = step_end
+        self._schedule(step_end, self, self.version)
         return True
 
     def _budget(self, decodes: int) -> int:
@@ -362,7 +369,7 @@ class GpuEngine:
 
     def _complete_finished(self, now: float) -> None:
         running = self.running
-        while running and running[0][0] <= self.counter + 1e-6:
+        while running and running[0][0] <= self.counter + _DONE_TOLERANCE:
             _, _, request = heapq.heappop(running)
             self.rows[request.model] -= 1
             self.context[request.model] -= request.prompt + request.output - 1
