@@ -94,6 +94,9 @@ class ClusterSnapshot:
         self._free_rows: list[int] = []
         self._codes: dict[str, int] = {}  # label string -> code, shared by zone / rack / host
         self._labelled: dict[tuple[str, int], np.ndarray] = {}  # (column, code) -> rows; see labelled
+        # Bumped whenever a label is interned or a row's label changes, so readers may cache what
+        # known_code and labelled returned for a caller until it moves.
+        self.label_epoch = 0
         self.models: dict[str, ModelColumns] = {}
         self.clock_event_reasons = np.zeros(capacity, dtype=np.uint64)
         for name in _FLOAT_COLUMNS:
@@ -138,7 +141,11 @@ class ClusterSnapshot:
         """Interned code of a topology label; UNKNOWN_CODE for "" (never equal to any node's label)."""
         if not label:
             return UNKNOWN_CODE
-        return self._codes.setdefault(label, len(self._codes))
+        code = self._codes.get(label)
+        if code is None:
+            code = self._codes[label] = len(self._codes)
+            self.label_epoch += 1
+        return code
 
     def known_code(self, label: str) -> int:
         """Code of a label some node carries; UNKNOWN_CODE otherwise. Never stores: callers' labels
@@ -215,6 +222,7 @@ class ClusterSnapshot:
             if column[row] != code:
                 column[row] = code
                 self._labelled.clear()
+                self.label_epoch += 1
         reported = set()
         for model in record.models:
             columns = self._model(model.name, model.weight_bytes)

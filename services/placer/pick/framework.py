@@ -269,6 +269,9 @@ class Picker:
     ) -> list[Candidate]:
         """The leaders at positions shown, with their totals and scores; topology: the compiled
         ranking's topology score per leader. Gathered for all of them at once: this runs every pick."""
+        if len(shown) == 1:  # the gateway's case (explain_top=0): scalar reads, no gathers
+            row = int(leaders[shown[0]])
+            return [self._explain_one(snapshot, plan, table, written, row, leader_totals, topology, shown[0])]
         rows = leaders[shown]
         row_values = table.scores[:, rows].T.tolist()
         columns: dict[str, list[float]] = {}
@@ -285,6 +288,27 @@ class Picker:
             ordered = {name: scores[name] for name in plan.names}
             candidates.append(Candidate(snapshot.node_ids[row] or "", total, ordered))
         return candidates
+
+    def _explain_one(
+        self,
+        snapshot: ClusterSnapshot,
+        plan: _Plan,
+        table: RowTable,
+        written: dict[str, np.ndarray],
+        row: int,
+        leader_totals: np.ndarray,
+        topology: np.ndarray | None,
+        position: int,
+    ) -> Candidate:
+        """_explain for the one leader at position, snapshot row row."""
+        scores = dict(zip(plan.row_names, table.scores[:, row].tolist(), strict=True))
+        for name, scorer, _ in plan.request:
+            if topology is not None and is_topology(scorer):
+                scores[name] = float(topology[position])
+            else:
+                scores[name] = float(self._buffers[name][row]) if name in written else 0.0
+        ordered = {name: scores[name] for name in plan.names}
+        return Candidate(snapshot.node_ids[row] or "", float(leader_totals[position]), ordered)
 
     def _draw(self, n: int) -> int:
         """A uniform index in [0, n)."""

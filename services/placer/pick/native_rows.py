@@ -61,6 +61,8 @@ class NativeRows:
         self._refs = tuple(map(ctypes.byref, (self._columns, table, self._until, self._request, self._ties)))
         self._kept: tuple[object, ...] = ()  # arrays whose addresses the structures hold
         self._addresses: dict[int, tuple[np.ndarray, int]] = {}  # id -> (array, address); see _address
+        self._labels_of: tuple[ClusterSnapshot, int] | None = None  # what _callers was resolved against
+        self._callers: dict[tuple[str, str, str], tuple[list[int], list[int], list[int]]] = {}
         self.leader_totals = self.leaders = self.topology = np.zeros(0)
         self._scratch: tuple[np.ndarray, ...] = ()  # the ranking's, addressed by _request
         self._seen = np.zeros(0, dtype=np.uint8)
@@ -167,17 +169,40 @@ class NativeRows:
         self._kept = (*columns.values(), passed, degraded, base, scores)
 
     def _caller_labels(self, snapshot: ClusterSnapshot, query: PickQuery) -> None:
-        """The caller's label codes, and the rows carrying each (the snapshot keeps those lists)."""
+        """The caller's label codes, and the rows carrying each (the snapshot keeps those lists).
+        Remembered per caller until the snapshot's labels move (label_epoch): callers are few, picks
+        many."""
         struct = self._request
-        labels = topology_keys(query.caller_zone, query.caller_rack, query.caller_host)
-        codes = []
-        for level, (column, label) in enumerate(zip(_LABEL_COLUMNS, labels, strict=True)):
-            code = snapshot.known_code(label)
-            codes.append(code)
-            rows = _NO_ROWS if code == UNKNOWN_CODE else snapshot.labelled(column, code)
-            struct.labelled[level] = self._address(rows)
-            struct.n_labelled[level] = 0 if code == UNKNOWN_CODE else rows.size
+        if (
+            self._labels_of is None
+            or self._labels_of[0] is not snapshot
+            or self._labels_of[1] != snapshot.label_epoch
+            or len(self._callers) > _ADDRESSES_KEPT
+        ):
+            self._labels_of = (snapshot, snapshot.label_epoch)
+            self._callers.clear()
+        caller = (query.caller_zone, query.caller_rack, query.caller_host)
+        known = self._callers.get(caller)
+        if known is None:
+            known = self._callers[caller] = self._resolve_labels(snapshot, caller)
+        codes, addresses, counts = known
+        for level in range(len(_LABEL_COLUMNS)):
+            struct.labelled[level] = addresses[level]
+            struct.n_labelled[level] = counts[level]
         struct.zone, struct.rack, struct.host = codes
+
+    def _resolve_labels(
+        self, snapshot: ClusterSnapshot, caller: tuple[str, str, str]
+    ) -> tuple[list[int], list[int], list[int]]:
+        """(codes, addresses of the rows carrying each, their counts) of a caller's zone, rack and host."""
+        codes, addresses, counts = [], [], []
+        for column, label in zip(_LABEL_COLUMNS, topology_keys(*caller), strict=True):
+            code = snapshot.known_code(label)
+            rows = _NO_ROWS if code == UNKNOWN_CODE else snapshot.labelled(column, code)
+            codes.append(code)
+            addresses.append(self._address(rows))
+            counts.append(0 if code == UNKNOWN_CODE else rows.size)
+        return codes, addresses, counts
 
     def _address(self, array: np.ndarray) -> int:
         """A long-lived array's address, looked up once (numpy's is microseconds per call)."""

@@ -16,7 +16,7 @@ from services.placer.pick import ClassWeights, Picker, native
 from services.placer.pick.filters import FilterConfig, build_filters
 from services.placer.pick.scorers import RequestScorer, ScorerConfig, build_scorers
 from tests.placer.pick.churn import decide_alike
-from tests.placer.pick.helpers import MODEL, query, snapshot_of
+from tests.placer.pick.helpers import MODEL, node, query, snapshot_of
 
 needs_compiler = pytest.mark.skipif(native.library() is None, reason="no C compiler: numpy only")
 ALL_ON = {name: 0.2 for name in build_scorers()}  # every standard scorer weighed, batch_isolation too
@@ -190,3 +190,36 @@ def test_a_fresh_cache_builds_the_library_once(fresh_library: pytest.MonkeyPatch
     assert native.library() is not None
     built = list((tmp_path / "hanzo").glob("placer_pick_*.so"))
     assert len(built) == 1 and native.build() == built[0]
+
+
+@needs_compiler
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_caller_label_that_appears_later_counts_from_then_on(compiled: bool) -> None:
+    """The compiled ranking remembers a caller's label rows until the snapshot's labels move: a zone
+    no node carried at the first pick wins topology once a node joins it."""
+    picker = Picker(ClassWeights.defaults(), rng=np.random.default_rng(3), compiled=compiled)
+    snapshot = snapshot_of(
+        {"id": "far", "models": {MODEL: "resident"}, "zone": "z1", "rack": "r1", "host": "h1"},
+    )
+    caller = query(caller_zone="z2", caller_rack="r2", caller_host="h2", explain_top=0)
+    first = picker.pick(snapshot, caller)
+    assert first is not None and first.node_id == "far"
+    assert first.candidates[0].scores["topology"] == 0.0
+    snapshot.upsert(node("near", models={MODEL: "resident"}, zone="z2", rack="r2", host="h2"))
+    second = picker.pick(snapshot, caller)
+    assert second is not None and second.node_id == "near"
+    assert second.candidates[0].scores["topology"] == 1.0
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_chosen_node_is_explained_alike_with_and_without_runners_up(compiled: bool) -> None:
+    specs = [{"id": f"n{i}", "models": {MODEL: "resident"}, "running": r} for i, r in enumerate([4, 1, 7, 2])]
+    snapshot = snapshot_of(*specs)
+    alone, explained = (
+        Picker(ClassWeights.defaults(), rng=np.random.default_rng(4), compiled=compiled) for _ in range(2)
+    )
+    for workload_class in WorkloadClass:
+        a = alone.pick(snapshot, query(workload_class, explain_top=0, prefix_hash=7, caller_zone="z0"))
+        b = explained.pick(snapshot, query(workload_class, explain_top=3, prefix_hash=7, caller_zone="z0"))
+        assert a is not None and b is not None
+        assert len(a.candidates) == 1 and a.candidates[0] == b.candidates[0], workload_class
