@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Callable
 
+from sim.prefix_cache import PrefixCache
 from sim.profiles import GpuProfile, ModelCost
 from sim.request import Request
 from sim.step_budget import BUDGET_STEP, prompt_budget
@@ -71,8 +72,7 @@ class GpuEngine:
         self.rows: dict[str, int] = dict.fromkeys(self.costs, 0)  # decoding sequences per model
         self.context: dict[str, float] = dict.fromkeys(self.costs, 0.0)  # their context tokens
         self.kv_used = 0
-        self.cache: OrderedDict[int, int] = OrderedDict()  # prefix key -> tokens held, LRU first
-        self.cache_tokens = 0
+        self.cache = PrefixCache()
         self.step: list[tuple[Request, int]] = []
         self.joining: list[Request] = []  # first token out in a nested step; decoding from the step's end
         self.step_end = 0.0
@@ -142,7 +142,8 @@ class GpuEngine:
             or self.waiting[request.priority][0] is not request
         ):
             return
-        if request.prompt - min(self._cached(request), request.prompt - 1) > self.profile.token_budget:
+        cached = self.cache.longest(request.conversation, request.tools)
+        if request.prompt - min(cached, request.prompt - 1) > self.profile.token_budget:
             return
         if self._admit() is not request:  # no seat or no KV room: it waits like any other
             return
@@ -319,25 +320,19 @@ class GpuEngine:
         self.num_waiting -= 1
         self.batch_running += request.priority == 2
         self.kv_used += reserve
-        self._make_room()
-        hit = self._cached(request)
+        cache = self.cache
+        cache.make_room(self.kv_capacity - self.kv_used)
+        hit = cache.longest(request.conversation, request.tools)
         if hit:
             self.prefix_hits += 1
-            for key in (request.conversation, request.tools):
-                if key in self.cache:
-                    self.cache.move_to_end(key)
+            cache.touch(request.conversation, request.tools)
         request.cached = min(hit, request.prompt - 1)
         request.to_prefill = request.prompt - request.cached
         self.prefix_tokens_saved += request.cached
-        self._remember(request.tools, request.tools_tokens)
+        cache.remember(request.tools, request.tools_tokens, self.kv_capacity - self.kv_used)
         self.prefilling.append(request)
         self.prefilling.sort(key=_priority)
         return request
-
-    def _cached(self, request: Request) -> int:
-        """Prompt tokens the prefix cache holds for request: its conversation's history or its shared
-        tool / instruction prompt, whichever is longer."""
-        return max(self.cache.get(request.conversation, 0), self.cache.get(request.tools, 0))
 
     def _end_step(self, now: float) -> None:
         if self.running:
@@ -382,23 +377,9 @@ class GpuEngine:
         self.batch_running -= request.priority == 2
         self.decoded_tokens += request.output
         self.kv_used -= request.prompt + request.output
-        self._remember(request.conversation, request.prompt + request.output)
-        self._on_done(request)
-
-    def _remember(self, key: int, tokens: int) -> None:
-        """Keep a prefix's blocks in the cache (free KV blocks hold it), least recently used out first."""
-        if not key or tokens <= 0:
-            return
-        self.cache_tokens += tokens - self.cache.get(key, 0)
-        self.cache[key] = tokens
-        self.cache.move_to_end(key)
-        self._make_room()
-
-    def _make_room(self) -> None:
         room = self.kv_capacity - self.kv_used
-        while self.cache and self.cache_tokens > room:
-            _, tokens = self.cache.popitem(last=False)
-            self.cache_tokens -= tokens
+        self.cache.remember(request.conversation, request.prompt + request.output, room)
+        self._on_done(request)
 
 
 def _priority(request: Request) -> int:

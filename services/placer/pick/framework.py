@@ -268,47 +268,21 @@ class Picker:
         shown: list[int],
     ) -> list[Candidate]:
         """The leaders at positions shown, with their totals and scores; topology: the compiled
-        ranking's topology score per leader. Gathered for all of them at once: this runs every pick."""
-        if len(shown) == 1:  # the gateway's case (explain_top=0): scalar reads, no gathers
-            row = int(leaders[shown[0]])
-            return [self._explain_one(snapshot, plan, table, written, row, leader_totals, topology, shown[0])]
-        rows = leaders[shown]
-        row_values = table.scores[:, rows].T.tolist()
-        columns: dict[str, list[float]] = {}
-        for name, scorer, _ in plan.request:
-            if topology is not None and is_topology(scorer):
-                columns[name] = topology[shown].tolist()
-            else:
-                columns[name] = self._buffers[name][rows].tolist() if name in written else [0.0] * len(shown)
+        ranking's topology score per leader. Scalar reads per leader: the gateway shows one (explain_top
+        0) on every pick, where gathering arrays cost more than the reads."""
         candidates = []
-        for j, (row, total) in enumerate(zip(rows.tolist(), leader_totals[shown].tolist(), strict=True)):
-            scores = dict(zip(plan.row_names, row_values[j], strict=True))
-            for name, values in columns.items():
-                scores[name] = values[j]
+        for position in shown:
+            row = int(leaders[position])
+            scores = dict(zip(plan.row_names, table.scores[:, row].tolist(), strict=True))
+            for name, scorer, _ in plan.request:
+                if topology is not None and is_topology(scorer):
+                    scores[name] = float(topology[position])
+                else:
+                    scores[name] = float(self._buffers[name][row]) if name in written else 0.0
             ordered = {name: scores[name] for name in plan.names}
+            total = float(leader_totals[position])
             candidates.append(Candidate(snapshot.node_ids[row] or "", total, ordered))
         return candidates
-
-    def _explain_one(
-        self,
-        snapshot: ClusterSnapshot,
-        plan: _Plan,
-        table: RowTable,
-        written: dict[str, np.ndarray],
-        row: int,
-        leader_totals: np.ndarray,
-        topology: np.ndarray | None,
-        position: int,
-    ) -> Candidate:
-        """_explain for the one leader at position, snapshot row row."""
-        scores = dict(zip(plan.row_names, table.scores[:, row].tolist(), strict=True))
-        for name, scorer, _ in plan.request:
-            if topology is not None and is_topology(scorer):
-                scores[name] = float(topology[position])
-            else:
-                scores[name] = float(self._buffers[name][row]) if name in written else 0.0
-        ordered = {name: scores[name] for name in plan.names}
-        return Candidate(snapshot.node_ids[row] or "", float(leader_totals[position]), ordered)
 
     def _draw(self, n: int) -> int:
         """A uniform index in [0, n)."""
