@@ -2,6 +2,7 @@
 
 .venv/bin/python -m sim [--policies ours,least_loaded] [--hosts 125] [--minutes 30]
                         [--cooling severe] [--seed 0] [--jobs 2] [--plot FILE] [--weights FILE]
+                        [--planner] [--host-copies llama-70b,llama-8b]
 """
 
 from __future__ import annotations
@@ -52,6 +53,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=_positive(int), default=None, help="parallel runs (default: the CPUs)")
     parser.add_argument("--plot", type=Path, default=None, help="write the comparison as a PNG here")
     parser.add_argument(
+        "--planner", action="store_true",
+        help="ours with the placer's replica planner loading and evicting models (sim/planner.py)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--host-copies", default="", metavar="MODELS",
+        help="comma-separated models every host keeps in host memory besides its own (for --planner)",
+    )  # fmt: skip
+    parser.add_argument(
         "--weights", type=Path, default=None,
         help="JSON overrides of ours's per-class weights, as HANZO_PLACER_WEIGHTS_FILE holds them",
     )  # fmt: skip
@@ -68,12 +77,17 @@ def config_of(args: argparse.Namespace) -> SimConfig:
         batch_rate=workload.batch_rate * scale,
         embedding_rate=workload.embedding_rate * scale,
     )
-    layout = FleetLayout(hosts=args.hosts, gpus_per_host=args.gpus_per_host)
+    copies = tuple(m.strip() for m in args.host_copies.split(",") if m.strip())
+    unknown = sorted(set(copies) - set(H200.models))
+    if unknown:
+        raise ValueError(f"--host-copies {unknown}: not models of the profile ({sorted(H200.models)})")
+    layout = FleetLayout(hosts=args.hosts, gpus_per_host=args.gpus_per_host, host_copies=copies)
     weights = json.loads(args.weights.read_text()) if args.weights else {}
     ClassWeights.from_config(weights)  # a bad file fails here, naming the culprit, not in a worker process
     return SimConfig(
-        layout=layout, workload=workload, cooling=Cooling(args.cooling), seed=args.seed, class_weights=weights
-    )
+        layout=layout, workload=workload, cooling=Cooling(args.cooling), seed=args.seed,
+        class_weights=weights, replica_planner=args.planner,
+    )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -86,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_of(args)
     except (OSError, ValueError) as error:  # an unreadable or bad --weights file (JSON errors too)
-        print(f"--weights {args.weights}: {error}", file=sys.stderr)
+        where = "" if str(error).startswith("--") else f"--weights {args.weights}: "
+        print(f"{where}{error}", file=sys.stderr)
         return 2
     started = time.perf_counter()
     runs = run_policies(config, policies, args.jobs)

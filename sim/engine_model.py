@@ -27,6 +27,7 @@ from collections.abc import Callable
 from sim.prefix_cache import PrefixCache
 from sim.profiles import GpuProfile, ModelCost
 from sim.request import Request
+from sim.residency import ModelLifecycle, Residency
 from sim.step_budget import BUDGET_STEP, prompt_budget
 
 IDLE, DECODE, STEP = 0, 1, 2
@@ -37,9 +38,10 @@ _INF = math.inf
 Schedule = Callable[[float, "GpuEngine", int], None]
 
 
-class GpuEngine:
+class GpuEngine(ModelLifecycle):
     """schedule(time, engine, version): asks the event loop to call on_event(time, version) then;
-    on_done(request): a request's last token (or its embedding) is out."""
+    on_done(request): a request's last token (or its embedding) is out. models: resident at the start;
+    host_copies: others the worker can reload from host memory (sim/residency.py)."""
 
     def __init__(
         self,
@@ -48,16 +50,15 @@ class GpuEngine:
         models: list[str],
         schedule: Schedule,
         on_done: Callable[[Request], None],
+        host_copies: tuple[str, ...] = (),
     ) -> None:
         self.index = index
         self.profile = profile
-        self.costs: dict[str, ModelCost] = {m: profile.model(m) for m in models}
-        weights = sum(c.weight_bytes for c in self.costs.values())
-        decoders = [c for c in self.costs.values() if not c.embedding]
-        kv_bytes = max((c.kv_bytes_per_token for c in decoders), default=1)
-        # What the weights leave, less 10% for activations and the allocator (vLLM's 0.9 utilisation).
-        self.kv_capacity = max(int((profile.memory_bytes * 0.9 - weights) / kv_bytes), 0)
-        self.memory_free_bytes = max(int(profile.memory_bytes * 0.1), 0)
+        copies = [m for m in host_copies if m not in models]
+        catalog = {m: profile.model(m) for m in (*models, *copies)}
+        self.residency = Residency(catalog, profile.memory_bytes * 0.9, copies)
+        self.costs: dict[str, ModelCost] = {m: catalog[m] for m in models}  # the resident models'
+        self._size_kv()
         self._schedule = schedule
         self._on_done = on_done
         self.clock = 1.0  # SM clock factor, set by the thermal model
@@ -77,8 +78,6 @@ class GpuEngine:
         self.joining: list[Request] = []  # first token out in a nested step; decoding from the step's end
         self.step_end = 0.0
         self.step_s = 0.0  # the running prompt step's duration
-        decoders = [c for c in self.costs.values() if not c.embedding]
-        self._decoder_cost = decoders[0] if decoders else next(iter(self.costs.values()))
         self.decode_step_s = 0.0
         self.next_event = math.inf
         self.version = 0
@@ -91,9 +90,14 @@ class GpuEngine:
 
     # --- what the rest of the simulation calls ----------------------------------------------------------
 
+    def serves(self, model: str) -> bool:
+        """Resident and not loading (a worker answers NOT_FOUND for any other model)."""
+        return model in self.costs
+
     def enqueue(self, request: Request, now: float) -> None:
         self.advance(now)
         request.gpu = self.index
+        self.residency.touch(request.model)
         if self.costs[request.model].embedding:
             self._embed(request, now)
             return

@@ -46,7 +46,10 @@ class Feed:
         # Each GPU's phase within the interval: a fraction, the same for its heartbeat and its sample.
         self.phase = np.random.default_rng([seed, 5]).random(len(engines))
         self._templates = [self._template(g) for g in range(len(engines))]
-        self._registered = np.zeros(len(engines), dtype=bool)  # sent its first, full heartbeat
+        # The residency version each GPU's last full heartbeat reported; -1: none yet. A GPU whose
+        # models changed since sends a full one again (apply_node), the only path that moves models.
+        self._reported = np.full(len(engines), -1, dtype=np.int64)
+        self.paused = np.zeros(len(engines), dtype=bool)  # loading: its heartbeat loop waits on the load
 
     def _template(self, g: int) -> placer_pb2.NodeReport:
         engine, fleet = self.engines[g], self.fleet
@@ -63,33 +66,44 @@ class Feed:
                 memory_free_bytes=engine.memory_free_bytes,
             ),
         )
-        for name, cost in engine.costs.items():
+        residency = engine.residency
+        for name in [*residency.resident, *sorted(residency.host_copies)]:
+            cost = residency.catalog[name]
             report.models.add(
                 name=name,
                 weight_bytes=cost.weight_bytes,
-                resident=True,
+                resident=name in residency.resident,
+                host_copy=name in residency.host_copies,
                 kind="embed" if cost.embedding else "generate",
             )
         report.load.max_running = self.profile.max_running
         return report
 
-    def send(self, start_s: float, end_s: float) -> None:
-        """Heartbeats and samples of every GPU whose phase falls in [start_s, end_s) (end_s - start_s at
-        most one interval). A GPU's first heartbeat registers it through the placer's protobuf path
-        (apply_node: a full NodeReport); later ones move only the load, and go to the same snapshot
-        columns in one batch a slice (apply_loads, apply_samples), each with its own phase's time."""
+    def due(self, start_s: float, end_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """The GPUs whose phase falls in [start_s, end_s) (at most one interval long), and their times,
+        but those paused by a load."""
         a = start_s % HEARTBEAT_INTERVAL_S / HEARTBEAT_INTERVAL_S
         b = a + (end_s - start_s) / HEARTBEAT_INTERVAL_S
         phase = self.phase
         due = (phase >= a) & (phase < b) if b <= 1.0 else (phase >= a) | (phase < b - 1.0)
-        gpus = np.flatnonzero(due)
-        when = start_s + ((phase[gpus] - a) % 1.0) * HEARTBEAT_INTERVAL_S
-        first = ~self._registered[gpus]
-        for g, now in zip(gpus[first].tolist(), when[first].tolist(), strict=True):
+        gpus = np.flatnonzero(due & ~self.paused)
+        return gpus, start_s + ((phase[gpus] - a) % 1.0) * HEARTBEAT_INTERVAL_S
+
+    def send(self, gpus: np.ndarray, when: np.ndarray) -> None:
+        """Heartbeats and samples of gpus at times when (Feed.due). A GPU's first heartbeat, and its first
+        after its models changed, goes through the placer's protobuf path (apply_node: a full
+        NodeReport); the others move only the load, and go to the same snapshot columns in one batch a
+        slice (apply_loads, apply_samples), each with its own phase's time."""
+        engines = self.engines
+        versions = np.fromiter((engines[g].residency.version for g in gpus.tolist()), np.int64, len(gpus))
+        full = self._reported[gpus] != versions
+        for g, now in zip(gpus[full].tolist(), when[full].tolist(), strict=True):
+            if self._reported[g] >= 0:
+                self._templates[g] = self._template(g)
+            self._reported[g] = self.engines[g].residency.version
             self.heartbeat(g, now)
             self.sample(g, now)
-            self._registered[g] = True
-        known = ~first
+        known = ~full
         if known.any():
             self._send_batch(gpus[known], when[known])
 
@@ -137,6 +151,7 @@ class Feed:
         entry = cluster_state_pb2.NodeEntry(deadline_s=now + NODE_TTL_S)
         report = entry.report
         report.CopyFrom(self._templates[g])
+        report.gpu.memory_free_bytes = engine.memory_free_bytes
         load = report.load
         load.running = engine.num_running
         load.waiting = engine.num_waiting

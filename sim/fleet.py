@@ -50,6 +50,9 @@ class FleetLayout:
         (("llama-70b", "minilm"), 0.85),
         (("llama-8b", "minilm"), 0.15),
     )
+    # Models every host keeps in host memory besides those it serves (pinned, for a reload over PCIe):
+    # a fleet that moves GPUs between models. Only the replica planner (sim/planner.py) uses them.
+    host_copies: tuple[str, ...] = ()
 
     @property
     def gpus(self) -> int:

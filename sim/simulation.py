@@ -13,17 +13,19 @@ import heapq
 import itertools
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from services.common.workload import WorkloadClass
+from services.gateway.config import GatewaySettings
 from services.placer.cluster.state import ClusterState
 from services.placer.pick.query import PickQuery
 from services.placer.pick.weights import ClassWeights
 from sim.engine_model import GpuEngine
 from sim.feed import Feed
 from sim.fleet import Cooling, Fleet, FleetLayout, NetworkCosts
+from sim.planner import PLANNER_INTERVAL_S, ReplicaPlanner
 from sim.policies import POLICIES, ours
 from sim.profiles import H200, GpuProfile
 from sim.request import Request
@@ -31,12 +33,14 @@ from sim.results import GPU_SLOS, ClassResults, ServiceLevel
 from sim.sharegpt import Conversation
 from sim.thermal import FleetThermal
 from sim.trace import TraceWorkload
+from sim.worker_loads import WorkerLoads
 from sim.workload import Workload, WorkloadConfig
 
 FEED_SLICE_S = 0.1
 THERMAL_STEP_S = 1.0
 TRACE_EVERY_S = 10.0
-_ENGINE, _ARRIVAL, _FEED, _THERMAL = 0, 1, 2, 3
+_ENGINE, _ARRIVAL, _FEED, _THERMAL, _PLAN, _LOADED = 0, 1, 2, 3, 4, 5
+MAX_ATTEMPTS = GatewaySettings.max_attempts  # workers the gateway tries for one request
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,10 @@ class SimConfig:
     # Overrides of the placer's per-class weights for `ours`, as HANZO_PLACER_WEIGHTS_FILE holds them
     # ({"BATCH": {"thermal_headroom": 0.5}}); the baselines keep their own.
     class_weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # `ours` with the placer's replica planner (sim/planner.py) loading and evicting models; off, and
+    # for the baselines always, every GPU keeps the models it starts with (as llm-d's model pools are
+    # deployed). Off by default: in this fleet the planner only costs (docs/simulator.md).
+    replica_planner: bool = False
 
 
 class Simulation:
@@ -81,14 +89,19 @@ class Simulation:
         self.now = 0.0
         self._events: list[tuple[float, int, int, object, int]] = []
         self._order = itertools.count()
+        copies = config.layout.host_copies
         self.engines = [
-            GpuEngine(g, profile, list(fleet.models[g]), self._schedule_engine, self._done)
+            GpuEngine(g, profile, list(fleet.models[g]), self._schedule_engine, self._done, copies)
             for g in range(config.layout.gpus)
         ]
         self.index_of = {node_id: g for g, node_id in enumerate(fleet.node_ids)}
         self.state = ClusterState(clock=lambda: self.now)
         self.feed = Feed(self.state, fleet, self.engines, self.thermal, profile, config.seed)
         self.weights: dict[str, dict[str, float]] | None = None  # ours's, as the summary reports them
+        self.planner: ReplicaPlanner | None = None
+        self.workers = WorkerLoads(self.engines, self.feed.paused, self._load_end)
+        if policy == "ours" and config.replica_planner:
+            self.planner = ReplicaPlanner(self.engines, fleet.node_ids, profile)
         if policy == "ours":
             weights = ClassWeights.from_config(config.class_weights)
             self.weights = {wc.name.lower(): dict(w) for wc, w in weights.by_class.items()}
@@ -100,6 +113,8 @@ class Simulation:
         )
         self.classes = {wc: ClassResults(slo) for wc, slo in config.slos.items()}
         self.in_flight = 0
+        self.not_found = 0  # picks of a node that did not hold the model (the gateway tries another)
+        self.exhausted = 0  # picks of a node that could not reload it (no room)
         self.picks = 0
         self.pick_s = 0.0
         self.trace: list[tuple[float, float, float, float, float]] = []  # t, temperature p50/p90/p99/max
@@ -110,9 +125,11 @@ class Simulation:
     def run(self) -> None:
         started = time.perf_counter()
         duration = self.config.workload.duration_s
-        self.feed.send(0.0, 1.0)  # every GPU reports once before the first request
+        self.feed.send(*self.feed.due(0.0, 1.0))  # every GPU reports once before the first request
         self._push(FEED_SLICE_S, _FEED, None)
         self._push(THERMAL_STEP_S, _THERMAL, None)
+        if self.planner is not None:
+            self._push(PLANNER_INTERVAL_S, _PLAN, None)
         arrivals: Iterator[Request] = self.workload.arrivals()
         pending = next(arrivals, None)
         events = self._events
@@ -133,11 +150,17 @@ class Simulation:
             elif kind == _ARRIVAL:
                 self._arrive(payload)  # type: ignore[arg-type]
             elif kind == _FEED:
-                self.feed.send(when, when + FEED_SLICE_S)
+                self._beats(when)
                 self._push(when + FEED_SLICE_S, _FEED, None)
-            else:
+            elif kind == _THERMAL:
                 self._thermal_step(when)
                 self._push(when + THERMAL_STEP_S, _THERMAL, None)
+            elif kind == _PLAN:
+                assert self.planner is not None
+                self.planner.plan(self.state, when)
+                self._push(when + PLANNER_INTERVAL_S, _PLAN, None)
+            else:
+                self._loaded(payload, when)  # type: ignore[arg-type]
         self.now = duration
         self.wall_s = time.perf_counter() - started
 
@@ -146,6 +169,25 @@ class Simulation:
 
     def _schedule_engine(self, when: float, engine: GpuEngine, version: int) -> None:
         self._push(when, _ENGINE, engine, version)
+
+    def _beats(self, now: float) -> None:
+        """A slice's heartbeats and samples, then the replies of those that carry a directive."""
+        gpus, when = self.feed.due(now, now + FEED_SLICE_S)
+        self.feed.send(gpus, when)
+        if self.planner is not None:
+            self.planner.follow(gpus, when, self.workers)
+
+    def _load_end(self, when: float, g: int) -> None:
+        self._push(when, _LOADED, g)
+
+    def _loaded(self, g: int, now: float) -> None:
+        engine = self.engines[g]
+        for request in self.workers.load_done(g, now):
+            engine.enqueue(request, now)
+        for request in self.workers.refused:
+            self.in_flight -= 1
+            self.classes[request.workload].rejected += 1
+        self.workers.refused.clear()
 
     def _arrive(self, request: Request) -> None:
         query = PickQuery(
@@ -158,17 +200,32 @@ class Simulation:
             now_s=self.now,
             explain_top=0,  # as the gateway asks
         )
-        started = time.perf_counter()
-        self.state.expire()
-        node_id = self.choose(self.state, query)
-        self.pick_s += time.perf_counter() - started
-        self.picks += 1
-        if node_id is None:
-            self.classes[request.workload].rejected += 1
-            return
-        self.state.record_pick(self.state.snapshot.row_of[node_id], request.workload)
-        self.in_flight += 1
-        self.engines[self.index_of[node_id]].enqueue(request, self.now)
+        for _ in range(MAX_ATTEMPTS):
+            started = time.perf_counter()
+            self.state.expire()
+            node_id = self.choose(self.state, query)
+            self.pick_s += time.perf_counter() - started
+            self.picks += 1
+            if node_id is None:
+                break
+            if self.planner is not None:
+                self.planner.record_pick(request)
+            self.state.record_pick(self.state.snapshot.row_of[node_id], request.workload)
+            g = self.index_of[node_id]
+            engine = self.engines[g]
+            if engine.serves(request.model):
+                self.in_flight += 1
+                engine.enqueue(request, self.now)
+                return
+            if request.model in engine.residency.host_copies:  # the worker reloads it first
+                if self.workers.request(g, self.now, request):
+                    self.in_flight += 1
+                    return
+                self.exhausted += 1  # RESOURCE_EXHAUSTED: no room for it there
+            else:
+                self.not_found += 1  # NOT_FOUND: the placer's view was a beat behind
+            query = replace(query, exclude=query.exclude | {node_id})  # the gateway tries another
+        self.classes[request.workload].rejected += 1
 
     def _done(self, request: Request) -> None:
         self.in_flight -= 1
@@ -235,6 +292,9 @@ class Simulation:
             "cross_zone_requests": sum(r.cross_zone for r in self.classes.values()),
             "prefix_hits": sum(e.prefix_hits for e in engines),
             "prefix_tokens_saved": sum(e.prefix_tokens_saved for e in engines),
+            "retries": {"not_found": self.not_found, "resource_exhausted": self.exhausted},
+            "model_loads": self.workers.summary(),
+            "replica_planner": None if self.planner is None else self.planner.summary(),
             "picks": self.picks,
             "pick_us_mean": self.pick_s / self.picks * 1e6 if self.picks else None,
             "wall_s": self.wall_s,

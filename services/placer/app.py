@@ -107,7 +107,10 @@ class PlacerApp:
                 await self.demand.flush(self.store, now, window_s=interval)
                 if await self.store.hold_planner_lease(self.instance_id, ttl_s=3 * interval):
                     rates = await demand_rates(self.store, now, window_s=interval)
-                    plan = plan_replicas(self.view.snapshot, rates, self.settings.replica_capacity_rps, now)
+                    plan = plan_replicas(
+                        self.view.snapshot, rates, self.settings.replica_capacity_rps, now,
+                        self.settings.model_capacity_rps,
+                    )  # fmt: skip
                     # Only nodes asked to change get a key; the rest have no directive (no write at all).
                     await self.store.write_placements(
                         {node: sorted(plan.desired[node]) for node in plan.changed}, ttl_s=3 * interval

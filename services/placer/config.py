@@ -17,7 +17,8 @@ class PlacerSettings:
     """host/port: gRPC listen address; 50051 by default, where telemetry and workers look; 0 picks a free
     port. metrics_port: Prometheus HTTP port, None for none, 0 for a free one. Nodes expire
     node_ttl_factor heartbeat intervals after their last beat. class_weights: per workload class name,
-    scorer name -> weight; classes not given keep the defaults."""
+    scorer name -> weight; classes not given keep the defaults. The replica planner sizes each model's
+    replicas as its demand over replica_capacity_rps, or over model_capacity_rps[model] where given."""
 
     host: str = "127.0.0.1"
     port: int = 50051
@@ -31,6 +32,7 @@ class PlacerSettings:
     resync_interval_s: float = 5.0
     planner_interval_s: float = 5.0
     replica_capacity_rps: float = 20.0
+    model_capacity_rps: dict[str, float] = field(default_factory=dict)
     class_weights: dict[str, dict[str, float]] = field(default_factory=dict)
     internal_token: str | None = field(default=None, repr=False)  # HANZO_INTERNAL_TOKEN (internal_auth.py)
 
@@ -59,6 +61,28 @@ class PlacerSettings:
             replica_capacity_rps=env_float(
                 environ, p + "REPLICA_CAPACITY_RPS", cls.replica_capacity_rps, 0.001
             ),
+            model_capacity_rps=_model_capacities(environ, p + "MODEL_CAPACITY_RPS"),
             class_weights=weights,
             internal_token=token_from_env(environ),
         )
+
+
+def _model_capacities(environ: Mapping[str, str], name: str) -> dict[str, float]:
+    """A JSON object of model name -> requests per second one replica serves ({"llama-70b": 1.5});
+    ValueError naming the variable for anything else."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return {}
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as error:
+        example = '{"llama-70b": 1.5}'
+        raise ValueError(f"{name} is not JSON ({error}); give an object such as {example}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError(f"{name} must be a JSON object of model -> requests per second, got {text!r}")
+    capacities = {}
+    for model, rps in parsed.items():
+        if isinstance(rps, bool) or not isinstance(rps, int | float) or not rps > 0:
+            raise ValueError(f"{name}: {model!r} must be a number of requests per second > 0, got {rps!r}")
+        capacities[str(model)] = float(rps)
+    return capacities

@@ -17,6 +17,7 @@ def node_report(
     node_id: str,
     *,
     models: tuple[str, ...] = ("llama-tiny",),
+    catalog: tuple[str, ...] = (),
     zone: str = "z1",
     rack: str = "r1",
     host: str | None = None,
@@ -32,7 +33,8 @@ def node_report(
         gpu=placer_pb2.GpuInfo(
             index=0, name="H200", memory_total_bytes=141 * GIB, memory_free_bytes=int(free_gib * GIB)
         ),
-        models=[placer_pb2.ModelState(name=m, weight_bytes=2 * GIB, resident=True) for m in models],
+        models=[placer_pb2.ModelState(name=m, weight_bytes=2 * GIB, resident=True) for m in models]
+        + [placer_pb2.ModelState(name=m, weight_bytes=2 * GIB, resident=False) for m in catalog],
         load=placer_pb2.NodeLoad(running=running, waiting=waiting, kv_usage=kv_usage, max_running=64),
     )
 

@@ -230,12 +230,13 @@ async def test_demand_makes_the_planner_ask_for_a_replica(redis_server: RedisSer
         channel, stub = placer_stub(app.address)
         async with channel:
             await stub.Heartbeat(node_report("has-it", models=("llama-tiny",)))
-            await stub.Heartbeat(node_report("empty", models=()))
+            # "empty" lists the model in its catalog (not resident): a worker loads only what it has.
+            await stub.Heartbeat(node_report("empty", models=(), catalog=("llama-tiny",)))
 
             async def asked_to_load() -> bool:
                 for _ in range(10):  # 10 picks per poll: well past 5 rps per replica
                     await stub.Pick(pick_request())
-                reply = await stub.Heartbeat(node_report("empty", models=()))
+                reply = await stub.Heartbeat(node_report("empty", models=(), catalog=("llama-tiny",)))
                 await stub.Heartbeat(node_report("has-it", models=("llama-tiny",)))
                 return list(reply.load_models) == ["llama-tiny"]
 

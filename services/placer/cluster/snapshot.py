@@ -70,11 +70,14 @@ def topology_keys(zone: str, rack: str, host: str) -> tuple[str, str, str]:
 
 @dataclass
 class ModelColumns:
-    """Per-model residency: resident[i] / host_copy[i] for row i, and the model's weight size."""
+    """Per-model residency: resident[i] / host_copy[i] for row i, and the model's weight size; listed[i]:
+    node i reported the model at all (resident, a host copy, or in its catalog to load from disk), so it
+    can load it. A node may only be asked to load what it lists: a worker loads from its own catalog."""
 
     resident: np.ndarray
     host_copy: np.ndarray
     weight_bytes: int
+    listed: np.ndarray
 
 
 class ClusterSnapshot:
@@ -203,7 +206,9 @@ class ClusterSnapshot:
         if columns is None:
             return None
         n = self.num_rows
-        return ModelColumns(columns.resident[:n], columns.host_copy[:n], columns.weight_bytes)
+        return ModelColumns(
+            columns.resident[:n], columns.host_copy[:n], columns.weight_bytes, columns.listed[:n]
+        )
 
     def upsert(self, record: NodeRecord) -> int:
         """Write record into its row (a new row for a new node); returns the row."""
@@ -228,11 +233,13 @@ class ClusterSnapshot:
             columns = self._model(model.name, model.weight_bytes)
             columns.resident[row] = model.resident
             columns.host_copy[row] = model.host_copy
+            columns.listed[row] = True
             reported.add(model.name)
         for name, columns in self.models.items():
             if name not in reported:
                 columns.resident[row] = False
                 columns.host_copy[row] = False
+                columns.listed[row] = False
         self._write_thermal(row, record.thermal, record.temperature_trend_c_per_s)
         return row
 
@@ -283,6 +290,7 @@ class ClusterSnapshot:
         for columns in self.models.values():
             columns.resident[row] = False
             columns.host_copy[row] = False
+            columns.listed[row] = False
         self._free_rows.append(row)
 
     def update_thermal(self, node_id: str, sample: ThermalSample | None, trend_c_per_s: float) -> bool:
@@ -338,7 +346,10 @@ class ClusterSnapshot:
         columns = self.models.get(name)
         if columns is None:
             columns = ModelColumns(
-                np.zeros(self.capacity, dtype=bool), np.zeros(self.capacity, dtype=bool), weight_bytes
+                np.zeros(self.capacity, dtype=bool),
+                np.zeros(self.capacity, dtype=bool),
+                weight_bytes,
+                np.zeros(self.capacity, dtype=bool),
             )
             self.models[name] = columns
             self._every_row_changed()  # every row may now be able to load it
@@ -362,7 +373,7 @@ class ClusterSnapshot:
             grown[:old] = column
             setattr(self, name, grown)
         for columns in self.models.values():
-            for attr in ("resident", "host_copy"):
+            for attr in ("resident", "host_copy", "listed"):
                 grown = np.zeros(self.capacity, dtype=bool)
                 grown[:old] = getattr(columns, attr)
                 setattr(columns, attr, grown)

@@ -43,14 +43,16 @@ def healthy(snapshot: ClusterSnapshot, query: PickQuery, rows: Rows) -> np.ndarr
 
 
 def model_loadable(snapshot: ClusterSnapshot, query: PickQuery, rows: Rows) -> np.ndarray:
-    """resident or host_copy or memory_free_bytes >= weight_bytes; all False if no node ever reported
-    the model. A weight_bytes of 0 (size never reported) lets any node count as able to load it.
+    """resident or host_copy, or listed (in the node's catalog) and memory_free_bytes >= weight_bytes;
+    all False if no node ever reported the model. A weight_bytes of 0 (size never reported) lets any
+    node that lists the model count as able to load it. A node that does not list it cannot load it,
+    however much memory it has free: a worker loads only its own catalog.
     """
     model = snapshot.models.get(query.model)
     if model is None:
         return np.zeros(snapshot.live[rows].shape, dtype=bool)
     fits = snapshot.memory_free_bytes[rows] >= model.weight_bytes
-    return model.resident[rows] | model.host_copy[rows] | fits
+    return model.resident[rows] | model.host_copy[rows] | (model.listed[rows] & fits)
 
 
 def memory(

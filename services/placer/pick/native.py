@@ -39,7 +39,7 @@ _ptr = ctypes.c_void_p
 _i64 = ctypes.c_int64
 _f64 = ctypes.c_double
 _COLUMN_NAMES = (
-    *("live", "draining", "has_thermal", "resident", "host_copy"),
+    *("live", "draining", "has_thermal", "resident", "host_copy", "listed"),
     *("deadline_s", "running", "waiting", "max_running", "batch_running", "batch_waiting", "kv_usage"),
     *("memory_free_bytes", "temperature_c", "slowdown_c", "shutdown_c", "trend", "reasons"),
     *("zone", "rack", "host"),

@@ -137,10 +137,10 @@ class NativeRows:
             "zone": snapshot.zone, "rack": snapshot.rack, "host": snapshot.host,
         }  # fmt: skip
         if model is not None:
-            columns |= {"resident": model.resident, "host_copy": model.host_copy}
+            columns |= {"resident": model.resident, "host_copy": model.host_copy, "listed": model.listed}
             self._columns.weight_bytes = float(model.weight_bytes)
         else:  # C reads a NULL residency as a model no node reported: every row refused
-            self._columns.resident = self._columns.host_copy = None
+            self._columns.resident = self._columns.host_copy = self._columns.listed = None
         for name, array in columns.items():
             setattr(self._columns, name, native.address(array))
         table = self._table

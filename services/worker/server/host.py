@@ -118,6 +118,18 @@ class ModelHost:
                         log.info("moved %s of KV from idle %s to %s", format_bytes(nbytes), donor_name, name)
             return moved
 
+    async def reload_if_evicted(self, name: str) -> None:
+        """A request names a model evicted with its weights kept on the host: reload it first (one bulk
+        copy; idle models make room if needed, ResourceExhausted if none can). The placer routes a
+        request to such a node (a host copy counts as loadable there), so the worker must honour it.
+        Requests for the same model wait on the one load. Anything else is left to generator /
+        embedding (resident: served; unknown: NotFound)."""
+        if name in self.models or name not in self.host_copies or name not in self.catalog:
+            return
+        _, took = await self.load(name)
+        if took:
+            log.info("reloaded %s from its host copy for a request (%.3f s)", name, took)
+
     def generator(self, name: str) -> AsyncLLM:
         """The streaming engine of a resident decoder, marked as just used; NotFound / InvalidArgument
         otherwise."""

@@ -81,6 +81,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         """One request's responses, as Generate streams them; deadline: a time.monotonic() instant the
         scheduler orders by (None: the caller set none). Raises typed errors (see error_status.py)."""
+        await self.host.reload_if_evicted(request.model)
         llm = self.host.generator(request.model)
         params = sampling_params(request.sampling)
         tools = ToolReplies(None)
@@ -131,6 +132,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def Embed(
         self, request: inference_pb2.EmbedRequest, context: grpc.aio.ServicerContext
     ) -> inference_pb2.EmbedResponse:
+        await self.host.reload_if_evicted(request.model)
         with self.host.embedding(request.model) as embedder:
             vectors, num_tokens = await embedder.encode_with_usage(list(request.inputs))
         self.metrics.prompt_tokens.labels(request.model).inc(num_tokens)

@@ -27,6 +27,7 @@ LOADABLE = [
     ("host copy, no free memory", {"models": {"llama-8b": "host"}, "free_gb": 0}, {}, True),
     ("cold, weights fit", {"free_gb": 16}, {}, True),
     ("cold, weights do not fit", {"free_gb": 15.9}, {}, False),
+    ("not in its catalog, weights fit", {"models": {"other": "resident"}, "free_gb": 80}, {}, False),
     ("unknown model", {}, {"model": "nobody-has-it"}, False),
     ("weight size never reported", {"weight_bytes": 0, "free_gb": 0}, {}, True),
 ]

@@ -1,7 +1,7 @@
 """One worker serving two decoders and the MiniLM encoder at once from one arena, over loopback gRPC:
 each model's outputs equal serving it alone; lifecycle errors (a corrupt checkpoint, a model too big
-for the arena, a request for an evicted model) get precise status codes while the resident models keep
-serving; the placer hears about host copies."""
+for the arena, a model not in the catalog) get precise status codes while the resident models keep
+serving; the placer hears about host copies, and a request for an evicted model reloads it from one."""
 
 from __future__ import annotations
 
@@ -113,11 +113,15 @@ async def test_lifecycle_errors_leave_the_resident_models_serving(
         assert await streamed(stub, "llama-a", PROMPTS[0]) == expected
 
         await stub.EvictModel(worker_pb2.EvictModelRequest(model="llama-a"))
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            await streamed(stub, "llama-a", PROMPTS[0])
-        assert err.value.code() == grpc.StatusCode.NOT_FOUND and "evicted" in (err.value.details() or "")
         report = node_report("w1", app.address, app.settings, app.host, draining=False)
         assert [(m.name, m.resident, m.host_copy) for m in report.models] == [("llama-a", False, True)]
+        # The placer counts a host copy as loadable, so a request for the evicted model reloads it.
+        assert await streamed(stub, "llama-a", PROMPTS[0]) == expected
+        assert "llama-a" in app.host.models and "llama-a" not in app.host.host_copies
+        await stub.EvictModel(worker_pb2.EvictModelRequest(model="llama-a"))
         reloaded = await stub.LoadModel(worker_pb2.LoadModelRequest(model="llama-a"))
         assert reloaded.model.resident
         assert await streamed(stub, "llama-a", PROMPTS[0]) == expected
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await streamed(stub, "not-in-the-catalog", PROMPTS[0])
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND

@@ -21,7 +21,7 @@ enum { MAX_SCORERS = 8 };
 
 /* The snapshot's columns (numpy bool is one byte), and one model's residency (NULL: model unknown). */
 typedef struct {
-    const uint8_t *live, *draining, *has_thermal, *resident, *host_copy;
+    const uint8_t *live, *draining, *has_thermal, *resident, *host_copy, *listed;
     const double *deadline_s, *running, *waiting, *max_running, *batch_running, *batch_waiting;
     const double *kv_usage, *memory_free_bytes, *temperature_c, *slowdown_c, *shutdown_c, *trend;
     const uint64_t *reasons;
@@ -50,7 +50,7 @@ static int passes(const Columns *c, const Table *t, int64_t r, double now) {
     if (!c->live[r] || !(c->deadline_s[r] > now) || c->draining[r]) return 0; /* live, healthy */
     if (c->resident == NULL) return 0;                                       /* model_loadable */
     int fits = c->memory_free_bytes[r] >= c->weight_bytes;
-    if (!(c->resident[r] || c->host_copy[r] || fits)) return 0;
+    if (!(c->resident[r] || c->host_copy[r] || (c->listed[r] && fits))) return 0;
     if (!(c->kv_usage[r] < t->kv_full_fraction) || !(c->resident[r] || fits)) return 0; /* memory */
     if (t->thermal_filter && c->has_thermal[r]) { /* not_thermally_critical */
         double temp = c->temperature_c[r], shutdown = c->shutdown_c[r];
