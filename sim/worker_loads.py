@@ -7,7 +7,8 @@
   the reply's handling, as its exception does.
 - A request for a model evicted with its weights kept on the host (servicer.py, `reload_if_evicted`):
   reloaded first; the request is served once it is resident. One that cannot fit is refused
-  (RESOURCE_EXHAUSTED), and the gateway tries another node.
+  (RESOURCE_EXHAUSTED), and the gateway tries another node; one found not to fit only after waiting
+  on another load is counted rejected (the gateway's retry then is not modelled; rare).
 - One load at a time (the host's lock): whatever arrives during a load waits for it, in order.
 """
 
