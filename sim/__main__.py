@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--host-copies", default="", metavar="MODELS",
-        help="comma-separated models every host keeps in host memory besides its own (for --planner)",
+        help="comma-separated models every host keeps in host memory besides its own: a request routed "
+        "to one reloads it, and --planner moves them ahead of requests",
     )  # fmt: skip
     parser.add_argument(
         "--weights", type=Path, default=None,

@@ -51,7 +51,8 @@ class FleetLayout:
         (("llama-8b", "minilm"), 0.15),
     )
     # Models every host keeps in host memory besides those it serves (pinned, for a reload over PCIe):
-    # a fleet that moves GPUs between models. Only the replica planner (sim/planner.py) uses them.
+    # a fleet that moves GPUs between models. A request routed to one reloads it (every policy); the
+    # replica planner (sim/planner.py) moves them ahead of requests.
     host_copies: tuple[str, ...] = ()
 
     @property

@@ -58,7 +58,7 @@ class SimConfig:
     class_weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     # `ours` with the placer's replica planner (sim/planner.py) loading and evicting models; off, and
     # for the baselines always, every GPU keeps the models it starts with (as llm-d's model pools are
-    # deployed). Off by default: in this fleet the planner only costs (docs/simulator.md).
+    # deployed). Off by default: in the default fleet it has nothing to move (docs/simulator.md).
     replica_planner: bool = False
 
 

@@ -56,3 +56,16 @@ def test_weights_reach_our_policy_and_a_bad_file_is_refused_naming_the_scorer(tm
     weights.write_text(json.dumps({"realtime_chat": {"prefix_afinity": 0.6}}))
     done = sim("--weights", str(weights))
     assert done.returncode == 2 and "prefix_afinity" in done.stderr and "--weights" in done.stderr
+
+
+def test_host_copies_and_the_planner_reach_the_run_and_an_unknown_model_is_refused() -> None:
+    done = sim(
+        "--hosts", "1", "--minutes", "0.2", "--policies", "ours", "--jobs", "1", "--planner",
+        "--host-copies", "llama-70b,llama-8b",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    ours = json.loads(done.stdout)["policies"]["ours"]
+    assert ours["replica_planner"] is not None and "loads_from_host_copy" in ours["model_loads"]
+    done = sim("--host-copies", "llama-7b")
+    assert done.returncode == 2 and "--host-copies ['llama-7b']" in done.stderr, done.stderr
+    assert "--weights" not in done.stderr
