@@ -57,6 +57,7 @@ class GpuEngine(ModelLifecycle):
         copies = [m for m in host_copies if m not in models]
         catalog = {m: profile.model(m) for m in (*models, *copies)}
         self.residency = Residency(catalog, profile.memory_bytes * 0.9, copies)
+        self.last_used = self.residency.last_used
         self.costs: dict[str, ModelCost] = {m: catalog[m] for m in models}  # the resident models'
         self._size_kv()
         self._schedule = schedule
@@ -97,7 +98,7 @@ class GpuEngine(ModelLifecycle):
     def enqueue(self, request: Request, now: float) -> None:
         self.advance(now)
         request.gpu = self.index
-        self.residency.touch(request.model)
+        self.last_used[request.model] = now
         if self.costs[request.model].embedding:
             self._embed(request, now)
             return

@@ -46,10 +46,9 @@ class Feed:
         # Each GPU's phase within the interval: a fraction, the same for its heartbeat and its sample.
         self.phase = np.random.default_rng([seed, 5]).random(len(engines))
         self._templates = [self._template(g) for g in range(len(engines))]
-        # The residency version each GPU's last full heartbeat reported; -1: none yet. A GPU whose
-        # models changed since sends a full one again (apply_node), the only path that moves models.
-        self._reported = np.full(len(engines), -1, dtype=np.int64)
+        self._registered = np.zeros(len(engines), dtype=bool)  # sent its first, full heartbeat
         self.paused = np.zeros(len(engines), dtype=bool)  # loading: its heartbeat loop waits on the load
+        self.moved: set[int] = set()  # GPUs whose models changed since their last full heartbeat
 
     def _template(self, g: int) -> placer_pb2.NodeReport:
         engine, fleet = self.engines[g], self.fleet
@@ -94,13 +93,14 @@ class Feed:
         after its models changed, goes through the placer's protobuf path (apply_node: a full
         NodeReport); the others move only the load, and go to the same snapshot columns in one batch a
         slice (apply_loads, apply_samples), each with its own phase's time."""
-        engines = self.engines
-        versions = np.fromiter((engines[g].residency.version for g in gpus.tolist()), np.int64, len(gpus))
-        full = self._reported[gpus] != versions
+        full = ~self._registered[gpus]
+        if self.moved:
+            full |= np.isin(gpus, list(self.moved))
         for g, now in zip(gpus[full].tolist(), when[full].tolist(), strict=True):
-            if self._reported[g] >= 0:
+            if self._registered[g]:
                 self._templates[g] = self._template(g)
-            self._reported[g] = self.engines[g].residency.version
+                self.moved.discard(g)
+            self._registered[g] = True
             self.heartbeat(g, now)
             self.sample(g, now)
         known = ~full
@@ -123,7 +123,7 @@ class Feed:
                 batch_running=np.fromiter((e.batch_running for e in beating), float, len(beating)),
                 batch_waiting=np.fromiter((len(e.waiting[2]) for e in beating), float, len(beating)),
                 kv_usage=np.fromiter((e.kv_usage() for e in beating), float, len(beating)),
-                memory_free_bytes=np.fromiter((e.memory_free_bytes for e in beating), float, len(beating)),
+                memory_free_bytes=self._memory_free(beating),
             )
         )
         thermal, p = self.thermal, self.profile.thermal
@@ -144,6 +144,12 @@ class Feed:
                 utilization=thermal.utilization[gpus],
             )
         )
+
+    @staticmethod
+    def _memory_free(beating: list[GpuEngine]) -> np.ndarray:
+        """Each engine's memory_free_bytes, vectorised."""
+        free = (e.unweighted_bytes - e.kv_used * e.kv_bytes_per_token for e in beating)
+        return np.maximum(np.trunc(np.fromiter(free, float, len(beating))), 0.0)
 
     def heartbeat(self, g: int, now: float) -> None:
         engine = self.engines[g]

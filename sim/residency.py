@@ -1,13 +1,13 @@
 """Which models one simulated worker holds, kept as services/worker/server/host.py keeps them.
 
-Resident models in least-recently-used order, host copies of the evicted ones (a reload over PCIe from
-pinned host memory instead of a read from disk: ModelCost.reload_s against load_s), and at most one load
-at a time (the worker's host lock). The worker may load only its catalog, the models it was started with.
-The arena is the GPU's memory less 10% (vLLM's 0.9 utilisation). The KV cache is elastic here: it may
-grow into whatever the weights leave, and what it does not hold is free, so a load fits where the
-weights and the KV in use leave room for it (else the worker's load with make_room evicts the least
-recently used idle models first). The worker's own pools are sized at load and rebalanced between its
-decoders; its free memory, which the placer reads, is the arena no partition holds, and with the
+Resident models (the least recently used evicted first), host copies of the evicted ones (a reload over
+PCIe from pinned host memory instead of a read from disk: ModelCost.reload_s against load_s), and at most
+one load at a time (the worker's host lock). The worker may load only its catalog, the models it was
+started with. The arena is the GPU's memory less 10% (vLLM's 0.9 utilisation). The KV cache is elastic
+here: it may grow into whatever the weights leave, and what it does not hold is free, so a load fits
+where the weights and the KV in use leave room for it (else the worker's load with make_room evicts the
+least recently used idle models first). The worker's own pools are sized at load and rebalanced between
+its decoders; its free memory, which the placer reads, is the arena no partition holds, and with the
 default pool size that is most of what the weights leave, as here.
 """
 
@@ -31,8 +31,10 @@ class Residency:
         self.catalog = catalog
         self.arena_bytes = arena_bytes
         self.host_copies: set[str] = set(host_copies)
-        # least recently used first
         self.resident: dict[str, None] = dict.fromkeys(m for m in catalog if m not in self.host_copies)
+        # When a request last named each model (the engine writes it on every enqueue: a dict write is
+        # all the hot path pays); eviction takes the least recently used.
+        self.last_used: dict[str, float] = {}
         self.loading: str | None = None
         self.version = 0  # bumped whenever what a heartbeat reports of the models changes
         self.evictions = 0
@@ -54,10 +56,6 @@ class Residency:
         """Arena bytes neither weights (of the models held, or of those given) nor KV in use hold."""
         return max(int(self.arena_bytes - self.weight_bytes(models) - kv_bytes), 0)
 
-    def touch(self, model: str) -> None:
-        """A request for model: it becomes the most recently used."""
-        self.resident[model] = self.resident.pop(model)
-
     def eviction_plan(self, model: str, kv_bytes: float, idle: Callable[[str], bool]) -> list[str] | None:
         """The least recently used idle models to evict so that model fits beside kv_bytes of KV in use
         ([] if it fits now), None if it would not even with every idle model gone (or a load is already
@@ -66,7 +64,8 @@ class Residency:
             return None
         weight = self.catalog[model].weight_bytes
         kept, victims = list(self.holding()), []
-        for candidate in [m for m in self.resident if idle(m)]:
+        by_use = sorted(self.resident, key=lambda m: self.last_used.get(m, -1.0))  # stable: never used first
+        for candidate in [m for m in by_use if idle(m)]:
             if self.free_bytes(kv_bytes, kept) >= weight:
                 break
             kept.remove(candidate)
@@ -103,7 +102,7 @@ class ModelLifecycle:
 
     @property
     def memory_free_bytes(self: GpuEngine) -> int:
-        return self.residency.free_bytes(self.kv_used * self.kv_bytes_per_token)
+        return max(int(self.unweighted_bytes - self.kv_used * self.kv_bytes_per_token), 0)
 
     def idle(self: GpuEngine, model: str) -> bool:
         """No request of model queued, prefilling or decoding: the worker evicts only such a model."""
@@ -124,8 +123,9 @@ class ModelLifecycle:
         self._size_kv()
         return seconds
 
-    def finish_load(self: GpuEngine) -> str:
+    def finish_load(self: GpuEngine, now: float) -> str:
         model = self.residency.finish_load()
+        self.last_used[model] = now  # just loaded: the most recently used
         self.costs[model] = self.residency.catalog[model]
         self.rows[model], self.context[model] = 0, 0.0
         self._size_kv()
@@ -149,4 +149,5 @@ class ModelLifecycle:
         weights = sum(c.weight_bytes for c in held)
         # What the weights leave, less 10% for activations and the allocator (vLLM's 0.9 utilisation).
         self.kv_capacity = max(int((self.profile.memory_bytes * 0.9 - weights) / kv_bytes), 0)
+        self.unweighted_bytes = self.residency.arena_bytes - weights  # free but for the KV in use
         self._decoder_cost = decoders[0] if decoders else held[0] if held else None

@@ -99,7 +99,7 @@ class Simulation:
         self.feed = Feed(self.state, fleet, self.engines, self.thermal, profile, config.seed)
         self.weights: dict[str, dict[str, float]] | None = None  # ours's, as the summary reports them
         self.planner: ReplicaPlanner | None = None
-        self.workers = WorkerLoads(self.engines, self.feed.paused, self._load_end)
+        self.workers = WorkerLoads(self.engines, self.feed.paused, self.feed.moved, self._load_end)
         if policy == "ours" and config.replica_planner:
             self.planner = ReplicaPlanner(self.engines, fleet.node_ids, profile)
         if policy == "ours":

@@ -39,10 +39,14 @@ class _Worker:
 
 
 class WorkerLoads:
-    def __init__(self, engines: list[GpuEngine], paused: np.ndarray, schedule_end: ScheduleEnd) -> None:
-        """paused: the feed's per-GPU flag that stops a GPU's heartbeats."""
+    def __init__(
+        self, engines: list[GpuEngine], paused: np.ndarray, moved: set[int], schedule_end: ScheduleEnd
+    ) -> None:
+        """paused: the feed's per-GPU flag that stops a GPU's heartbeats; moved: the feed's set of GPUs
+        whose next heartbeat must report their models (Feed.moved)."""
         self.engines = engines
         self.paused = paused
+        self.moved = moved
         self.schedule_end = schedule_end
         self._workers: dict[int, _Worker] = {}  # the GPUs with a load running
         self.refused: list[Request] = []  # waited on a load, then found no room (load_done's caller drains)
@@ -75,7 +79,8 @@ class WorkerLoads:
         servable, for the caller to enqueue (refused ones are dropped: the caller counts them)."""
         worker = self._workers.pop(g)
         self.paused[g] = False
-        self.engines[g].finish_load()
+        self.engines[g].finish_load(now)
+        self.moved.add(g)
         ready: list[Request] = []
         pending: deque[_Reply | Request] = worker.waiting
         if worker.reply is not None:
@@ -109,7 +114,8 @@ class WorkerLoads:
             self.paused[g] = True  # the heartbeat loop awaits the directive's loads
             return
         for model in reply.evicts:
-            engine.evict(model)
+            if engine.evict(model):
+                self.moved.add(g)
 
     def _load(self, g: int, now: float, model: str) -> bool:
         engine = self.engines[g]
@@ -118,6 +124,7 @@ class WorkerLoads:
         if seconds is None:
             self.failed_loads += 1
             return False
+        self.moved.add(g)  # evicted to make room, if anything (the loading model still a host copy)
         self.loads_from_host += from_host
         self.loads_from_disk += not from_host
         self.load_s += seconds

@@ -66,7 +66,8 @@ class Harness:
         self.done: list[Request] = []
         self.engine = GpuEngine(0, PROFILE, models, self.engine_event, self.done.append, host_copies)
         self.paused = np.zeros(1, dtype=bool)
-        self.workers = WorkerLoads([self.engine], self.paused, self.load_end)
+        self.moved: set[int] = set()
+        self.workers = WorkerLoads([self.engine], self.paused, self.moved, self.load_end)
 
     def engine_event(self, when: float, engine: GpuEngine, version: int) -> None:
         heapq.heappush(self.events, (when, next(self.order), "engine", version))
