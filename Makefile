@@ -47,9 +47,17 @@ $(PICK_STAMP): $(PICK_SOURCES) $(STAMP)
 	$(PY) -c "from services.placer.pick import native; native.library()"
 	touch $(PICK_STAMP)
 
-kernels: $(KERNEL_STAMP) $(PICK_STAMP)
+# The fleet simulator's hot modules compiled with mypyc (sim/compiled.py) into ~/.cache/hanzo, keyed by
+# their source; without mypy or a compiler the simulator runs its Python source and says so.
+SIM_SOURCES := $(wildcard sim/*.py)
+SIM_STAMP := $(VENV)/.sim
+$(SIM_STAMP): $(SIM_SOURCES) $(GENERATED) $(STAMP)
+	$(PY) -m sim.mypyc_build
+	touch $(SIM_STAMP)
 
-setup: $(STAMP) $(GENERATED) $(KERNEL_STAMP) $(PICK_STAMP) redis prometheus
+kernels: $(KERNEL_STAMP) $(PICK_STAMP) $(SIM_STAMP)
+
+setup: $(STAMP) $(GENERATED) $(KERNEL_STAMP) $(PICK_STAMP) $(SIM_STAMP) redis prometheus
 
 # The local stack and the tests start their own redis-server and, for `--prometheus` and the dashboard
 # test, prometheus (Debian's packages): installed here when missing and we are root, else one line

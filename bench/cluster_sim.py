@@ -26,13 +26,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.progress import log
+from sim import COMPILED
 from sim.compare import run_policies
+from sim.config import SimConfig, WorkloadConfig
 from sim.fleet import Cooling, FleetLayout
 from sim.plot import plot
 from sim.policies import POLICIES
 from sim.profiles import H200
-from sim.simulation import SimConfig
-from sim.workload import WorkloadConfig
 
 FULL = {"hosts": 125, "minutes": 30.0, "scale_hosts": 1000, "scale_minutes": 5.0}
 QUICK = {"hosts": 12, "minutes": 6.0, "scale_hosts": 1000, "scale_minutes": 0.25}
@@ -117,6 +117,7 @@ def main() -> None:
             and batch_vs_best >= TARGETS["batch_throughput_vs_best_min"],
         },
         "plot": str(plot_path),
+        "compiled": COMPILED,  # the simulator's hot modules ran compiled (sim/compiled.py)
         "quick": args.quick,
         "bench_seconds": time.perf_counter() - started,
     }

@@ -15,13 +15,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from services.placer.pick.weights import ClassWeights
+from sim import COMPILED
 from sim.compare import run_policies
+from sim.config import SimConfig, WorkloadConfig
 from sim.fleet import Cooling, FleetLayout
 from sim.plot import plot
 from sim.policies import POLICIES
 from sim.profiles import H200
-from sim.simulation import SimConfig
-from sim.workload import WorkloadConfig
 
 
 def _positive(kind: type) -> object:
@@ -112,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "cooling": config.cooling.value,
         "seed": config.seed,
         "wall_s": time.perf_counter() - started,
+        "compiled": COMPILED,  # the hot modules ran compiled (sim/compiled.py), else their source
         "policies": {str(r["policy"]): {k: v for k, v in r.items() if k != "trace"} for r in runs},
     }
     if args.plot is not None:

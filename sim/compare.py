@@ -6,9 +6,10 @@ import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
+from sim.config import SimConfig
 from sim.fleet import Cooling
 from sim.sharegpt import conversations
-from sim.simulation import SimConfig, Simulation
+from sim.simulation import Simulation
 
 CONVERSATIONS = 3000  # ShareGPT conversations sampled from (their turn lengths)
 # Policies by the wall time of their runs, longest first (1,000 GPUs, 30 simulated minutes): started in

@@ -261,11 +261,11 @@ class GpuEngine(ModelLifecycle):
             chunk.append((request, take))
             budget -= take
         while budget > 0 and self.num_waiting:
-            request = self._admit()
-            if request is None:
+            admitted = self._admit()
+            if admitted is None:
                 break
-            take = request.to_prefill if request.to_prefill < budget else budget
-            chunk.append((request, take))
+            take = admitted.to_prefill if admitted.to_prefill < budget else budget
+            chunk.append((admitted, take))
             budget -= take
         if not chunk:
             return False
@@ -311,8 +311,9 @@ class GpuEngine(ModelLifecycle):
         in_play = bool(latency) or any(r.priority < 2 for _, _, r in self.running)
         top = min((r.priority for r in latency), default=None)
         own = sum(r.to_prefill if r in self.prefilling else r.prompt for r in latency if r.priority == top)
-        cost = self._decoder_cost
-        return prompt_budget(full, decodes, fixed or cost.base_s, cost, share, in_play, own)
+        decoder = self._decoder_cost
+        assert decoder is not None  # a GPU with a prompt to run holds a decoder
+        return prompt_budget(full, decodes, fixed or decoder.base_s, decoder, share, in_play, own)
 
     def _admit(self) -> Request | None:
         """The first waiting prompt in policy order, admitted, if it fits; None if it must wait."""

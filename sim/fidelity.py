@@ -20,12 +20,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from services.common.workload import WorkloadClass
+from sim.config import Models, SimConfig, WorkloadConfig
 from sim.fleet import Cooling, FleetLayout, NetworkCosts
 from sim.profiles import GpuProfile
 from sim.sharegpt import Conversation
-from sim.simulation import SimConfig, Simulation
+from sim.simulation import Simulation
 from sim.trace import Trace, TraceLimits, TraceWorkload, build_trace
-from sim.workload import Models, WorkloadConfig
 
 CHAT_MODEL, EMBED_MODEL = "smollm2", "minilm"  # services/mesh/models.py's names
 MESH_MODELS = Models(chat=CHAT_MODEL, batch=CHAT_MODEL, agent=(CHAT_MODEL,), embedding=EMBED_MODEL)

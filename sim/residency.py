@@ -13,13 +13,14 @@ default pool size that is most of what the weights leave, as here.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from sim.profiles import ModelCost
+from sim.profiles import GpuProfile, ModelCost
 
 if TYPE_CHECKING:
-    from sim.engine_model import GpuEngine
+    from sim.request import Request
 
 
 class Residency:
@@ -98,20 +99,38 @@ class Residency:
 class ModelLifecycle:
     """GpuEngine's side of its models coming and going, as the worker follows the placer's directives
     (sim/planner.py): loads (first evicting idle models in the way) and evictions of idle models, each
-    resizing the KV pool to what the weights leave."""
+    resizing the KV pool to what the weights leave.
+
+    The engine's state it reads and writes is declared here, so that the methods type-check on their own
+    class (and compile with sim/compiled.py, which cannot take a self annotated as the subclass)."""
+
+    profile: GpuProfile
+    residency: Residency
+    last_used: dict[str, float]
+    costs: dict[str, ModelCost]
+    rows: dict[str, int]
+    context: dict[str, float]
+    waiting: tuple[deque[Request], ...]
+    prefilling: list[Request]
+    joining: list[Request]
+    kv_used: int
+    kv_bytes_per_token: int
+    kv_capacity: int
+    unweighted_bytes: float
+    _decoder_cost: ModelCost | None
 
     @property
-    def memory_free_bytes(self: GpuEngine) -> int:
+    def memory_free_bytes(self) -> int:
         return max(int(self.unweighted_bytes - self.kv_used * self.kv_bytes_per_token), 0)
 
-    def idle(self: GpuEngine, model: str) -> bool:
+    def idle(self, model: str) -> bool:
         """No request of model queued, prefilling or decoding: the worker evicts only such a model."""
         if self.rows.get(model):
             return False
         queued = (r for queue in (*self.waiting, self.prefilling, self.joining) for r in queue)
         return all(r.model != model for r in queued)
 
-    def start_load(self: GpuEngine, model: str) -> float | None:
+    def start_load(self, model: str) -> float | None:
         """Begin loading model, first evicting the idle models in its way; the load's seconds, or None when
         it cannot fit (or a load is running). Resident models keep serving meanwhile."""
         victims = self.residency.eviction_plan(model, self.kv_used * self.kv_bytes_per_token, self.idle)
@@ -123,7 +142,7 @@ class ModelLifecycle:
         self._size_kv()
         return seconds
 
-    def finish_load(self: GpuEngine, now: float) -> str:
+    def finish_load(self, now: float) -> str:
         model = self.residency.finish_load()
         self.last_used[model] = now  # just loaded: the most recently used
         self.costs[model] = self.residency.catalog[model]
@@ -131,7 +150,7 @@ class ModelLifecycle:
         self._size_kv()
         return model
 
-    def evict(self: GpuEngine, model: str) -> bool:
+    def evict(self, model: str) -> bool:
         """Evict an idle resident model (its weights kept on the host); False if it is busy."""
         if model not in self.costs or not self.idle(model):
             return False
@@ -140,7 +159,7 @@ class ModelLifecycle:
         self._size_kv()
         return True
 
-    def _size_kv(self: GpuEngine) -> None:
+    def _size_kv(self) -> None:
         """The KV pool: what the partitions' weights leave of the arena, in tokens of the largest
         decoder's KV; and the decoder whose costs the adaptive budget reads."""
         held = [self.residency.catalog[m] for m in self.residency.holding()]

@@ -2,34 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from services.common.workload import WorkloadClass
+from sim.config import ServiceLevel
 from sim.request import Request
-
-
-@dataclass(frozen=True)
-class ServiceLevel:
-    """A request meets its class's SLO when its first token comes within ttft_s (None: not judged) and
-    the rest at tpot_s per token at most, or, without those, when it completes within e2e_s."""
-
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-
-
-# Targets on a GPU: the mission's 200 ms to first token for chat; 100 ms per output token after it
-# (faster than people read; MLPerf's Llama-2-70B server scenario allows 200 ms); agent steps a little
-# more time to first token (their prompts carry the tools); embeddings 100 ms in all; batch only has
-# to finish within ten minutes.
-GPU_SLOS = {
-    WorkloadClass.REALTIME_CHAT: ServiceLevel(ttft_s=0.2, tpot_s=0.1),
-    WorkloadClass.AGENT_TOOL: ServiceLevel(ttft_s=0.3, tpot_s=0.1),
-    WorkloadClass.EMBEDDING: ServiceLevel(e2e_s=0.1),
-    WorkloadClass.BATCH: ServiceLevel(e2e_s=600.0),
-}
 
 
 class ClassResults:

@@ -9,11 +9,12 @@ clock is the simulated time, so heartbeat deadlines, memoized rankings and trend
 
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator
+from dataclasses import replace
 
 import numpy as np
 
@@ -22,44 +23,25 @@ from services.gateway.config import GatewaySettings
 from services.placer.cluster.state import ClusterState
 from services.placer.pick.query import PickQuery
 from services.placer.pick.weights import ClassWeights
+from sim.config import SimConfig
 from sim.engine_model import GpuEngine
 from sim.feed import Feed
-from sim.fleet import Cooling, Fleet, FleetLayout, NetworkCosts
+from sim.fleet import Fleet
 from sim.planner import PLANNER_INTERVAL_S, ReplicaPlanner
 from sim.policies import POLICIES, ours
-from sim.profiles import H200, GpuProfile
 from sim.request import Request
-from sim.results import GPU_SLOS, ClassResults, ServiceLevel
+from sim.results import ClassResults
 from sim.sharegpt import Conversation
 from sim.thermal import FleetThermal
 from sim.trace import TraceWorkload
 from sim.worker_loads import WorkerLoads
-from sim.workload import Workload, WorkloadConfig
+from sim.workload import Workload
 
 FEED_SLICE_S = 0.1
 THERMAL_STEP_S = 1.0
 TRACE_EVERY_S = 10.0
 _ENGINE, _ARRIVAL, _FEED, _THERMAL, _PLAN, _LOADED = 0, 1, 2, 3, 4, 5
 MAX_ATTEMPTS = GatewaySettings.max_attempts  # workers the gateway tries for one request
-
-
-@dataclass(frozen=True)
-class SimConfig:
-    layout: FleetLayout
-    workload: WorkloadConfig
-    cooling: Cooling = Cooling.SEVERE
-    profile: GpuProfile = H200
-    network: NetworkCosts = field(default_factory=NetworkCosts)
-    slos: dict[WorkloadClass, ServiceLevel] = field(default_factory=lambda: dict(GPU_SLOS))
-    seed: int = 0
-    caller_rack: str = ""  # the callers' rack (the local mesh's gateway shares one with a worker); "": none
-    # Overrides of the placer's per-class weights for `ours`, as HANZO_PLACER_WEIGHTS_FILE holds them
-    # ({"BATCH": {"thermal_headroom": 0.5}}); the baselines keep their own.
-    class_weights: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    # `ours` with the placer's replica planner (sim/planner.py) loading and evicting models; off, and
-    # for the baselines always, every GPU keeps the models it starts with (as llm-d's model pools are
-    # deployed). Off by default: in the default fleet it has nothing to move (docs/simulator.md).
-    replica_planner: bool = False
 
 
 class Simulation:
@@ -123,6 +105,20 @@ class Simulation:
     # --- the loop -------------------------------------------------------------------------------------
 
     def run(self) -> None:
+        """Advance the fleet to the workload's end. The cyclic garbage collector is off meanwhile: a run
+        keeps millions of objects alive (requests, sessions, results) and makes next to no cycles, so
+        the collector's passes over them were wasted, a sixth of a run (random routing, 1,000 GPUs, 10
+        simulated minutes: 7.4 of 49 s in collections, and 0.36 million objects in cycles for the one
+        collection that follows the run)."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            self._run()
+        finally:
+            if enabled:
+                gc.enable()
+
+    def _run(self) -> None:
         started = time.perf_counter()
         duration = self.config.workload.duration_s
         self.feed.send(*self.feed.due(0.0, 1.0))  # every GPU reports once before the first request

@@ -22,9 +22,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from services.common.workload import WorkloadClass
+from sim.config import Models, WorkloadConfig
 from sim.request import Request
 from sim.sharegpt import Conversation
-from sim.workload import Models, Workload, WorkloadConfig
+from sim.workload import Workload
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ import heapq
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 import numpy as np
 
 from services.common.workload import WorkloadClass
+from sim.config import Models, WorkloadConfig
 from sim.request import Request
 from sim.sharegpt import Conversation
 
@@ -39,35 +39,6 @@ _CLASSES = (
 )
 
 
-@dataclass(frozen=True)
-class WorkloadConfig:
-    """Rates are new sessions per second per GPU of the fleet."""
-
-    duration_s: float
-    chat_rate: float = 0.06
-    agent_rate: float = 0.03
-    batch_rate: float = 0.75
-    embedding_rate: float = 0.1
-    diurnal_amplitude: float = 0.3
-    burst_every_s: float = 600.0
-    burst_length_s: float = 60.0
-    burst_factor: float = 1.6
-    chat_think_s: float = 20.0
-    agent_tool_s: float = 1.5
-    agent_tenants: int = 24
-    batch_jobs: int = 4
-    batch_prompt_median: int = 4000
-    batch_output_median: int = 500
-
-
-@dataclass(frozen=True)
-class Models:
-    chat: str = "llama-70b"
-    batch: str = "llama-70b"
-    agent: tuple[str, ...] = ("llama-70b", "llama-70b", "llama-8b")  # by tenant, cycled
-    embedding: str = "minilm"
-
-
 class Session:
     """One conversation, trajectory, document or embedding call: what it asks next."""
 
@@ -75,6 +46,18 @@ class Session:
         "history", "index", "key", "model", "prefix_hash", "rng", "tools", "tools_tokens", "turn", "turns",
         "workload", "zone",
     )  # fmt: skip
+    history: int
+    index: int
+    key: int
+    model: str
+    prefix_hash: int
+    rng: random.Random
+    tools: int
+    tools_tokens: int
+    turn: int
+    turns: list[tuple[int, int]]
+    workload: WorkloadClass
+    zone: str
 
 
 class Workload:
@@ -85,13 +68,14 @@ class Workload:
         zones: list[str],
         conversations: list[Conversation],
         seed: int,
-        models: Models = Models(),
+        models: Models | None = None,
     ) -> None:
+        """models: which model each class asks for (None: Models())."""
         self.config = config
         self.zones = zones
         self.conversations = conversations
         self.seed = seed
-        self.models = models
+        self.models = models or Models()
         self.rates = {
             WorkloadClass.REALTIME_CHAT: config.chat_rate * gpus,
             WorkloadClass.AGENT_TOOL: config.agent_rate * gpus,
@@ -158,7 +142,8 @@ class Workload:
         return level
 
     def _burst_windows(self, rng: random.Random) -> list[tuple[float, float]]:
-        windows, t = [], 0.0
+        windows: list[tuple[float, float]] = []
+        t = 0.0
         while True:
             t += rng.expovariate(1.0 / self.config.burst_every_s)
             if t >= self.config.duration_s:

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from services.common.workload import WorkloadClass
+from sim.config import SimConfig, WorkloadConfig
 from sim.engine_model import GpuEngine
 from sim.fleet import FleetLayout
 from sim.profiles import GpuProfile, ModelCost
 from sim.request import Request
 from sim.residency import Residency
 from sim.sharegpt import conversations
-from sim.simulation import SimConfig, Simulation
+from sim.simulation import Simulation
 from sim.worker_loads import WorkerLoads
-from sim.workload import WorkloadConfig
 
 
 def decoder(name: str, weight_bytes: int) -> ModelCost:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from sim.config import SimConfig, WorkloadConfig
 from sim.fleet import Cooling, FleetLayout
 from sim.policies import POLICIES
 from sim.sharegpt import conversations
-from sim.simulation import SimConfig, Simulation
-from sim.workload import WorkloadConfig
+from sim.simulation import Simulation
 
 # 32 GPUs, two racks per zone, every GPU serving every model (so no request is refused for its model).
 LAYOUT = FleetLayout(hosts=4, hosts_per_rack=2, model_sets=((("llama-70b", "llama-8b", "minilm"), 1.0),))
