@@ -20,7 +20,7 @@ from sim.compare import run_policies
 from sim.config import SimConfig, WorkloadConfig
 from sim.fleet import Cooling, FleetLayout
 from sim.plot import plot
-from sim.policies import POLICIES
+from sim.policies import EXPERIMENTS, POLICIES
 from sim.profiles import H200
 
 
@@ -40,8 +40,10 @@ def _positive(kind: type) -> object:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sim", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--policies", default=",".join(POLICIES), help=f"comma-separated, of: {', '.join(POLICIES)}"
-    )
+        "--policies", default=",".join(POLICIES),
+        help=f"comma-separated, of: {', '.join(POLICIES)} (the default), and the experiment "
+        f"{', '.join(EXPERIMENTS)} (sim/latency_reserve.py)",
+    )  # fmt: skip
     parser.add_argument("--hosts", type=_positive(int), default=125, help="8-GPU hosts (125: 1,000 GPUs)")
     parser.add_argument("--gpus-per-host", type=_positive(int), default=8)
     parser.add_argument("--minutes", type=_positive(float), default=30.0, help="simulated minutes")
@@ -60,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--host-copies", default="", metavar="MODELS",
         help="comma-separated models every host keeps in host memory besides its own: a request routed "
         "to one reloads it, and --planner moves them ahead of requests",
+    )  # fmt: skip
+    parser.add_argument(
+        "--reserve-seats", type=_positive(float), default=SimConfig.reserve_seats, metavar="SEATS",
+        help="ours_reserve: latency requests per reserved node it sizes its reserve for",
     )  # fmt: skip
     parser.add_argument(
         "--weights", type=Path, default=None,
@@ -87,16 +93,19 @@ def config_of(args: argparse.Namespace) -> SimConfig:
     ClassWeights.from_config(weights)  # a bad file fails here, naming the culprit, not in a worker process
     return SimConfig(
         layout=layout, workload=workload, cooling=Cooling(args.cooling), seed=args.seed,
-        class_weights=weights, replica_planner=args.planner,
+        class_weights=weights, replica_planner=args.planner, reserve_seats=args.reserve_seats,
     )  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
-    unknown = sorted(set(policies) - set(POLICIES))
+    unknown = sorted(set(policies) - set(POLICIES) - set(EXPERIMENTS))
     if unknown:
-        print(f"unknown policies {unknown}; known: {sorted(POLICIES)}", file=sys.stderr)
+        print(
+            f"unknown policies {unknown}; known: {sorted(POLICIES)} and {sorted(EXPERIMENTS)}",
+            file=sys.stderr,
+        )
         return 2
     try:
         config = config_of(args)

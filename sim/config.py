@@ -84,3 +84,5 @@ class SimConfig:
     # for the baselines always, every GPU keeps the models it starts with (as llm-d's model pools are
     # deployed). Off by default: in the default fleet it has nothing to move (docs/simulator.md).
     replica_planner: bool = False
+    # The ours_reserve experiment's target: latency requests per reserved node (sim/latency_reserve.py).
+    reserve_seats: float = 20.0

@@ -164,6 +164,9 @@ def power_of_two(seed: int) -> Policy:
     return choose
 
 
+# Run only when asked for (python -m sim --policies): built by the simulation from its config.
+EXPERIMENTS = ("ours_reserve",)  # sim/latency_reserve.py
+
 POLICIES: dict[str, Callable[[int], Policy]] = {
     "random": random_choice,
     "round_robin": round_robin,

@@ -23,10 +23,11 @@ from services.gateway.config import GatewaySettings
 from services.placer.cluster.state import ClusterState
 from services.placer.pick.query import PickQuery
 from services.placer.pick.weights import ClassWeights
-from sim.config import SimConfig
+from sim.config import Models, SimConfig
 from sim.engine_model import GpuEngine
 from sim.feed import Feed
 from sim.fleet import Fleet
+from sim.latency_reserve import LatencyReserve, ours_reserve, reserve_weights
 from sim.planner import PLANNER_INTERVAL_S, ReplicaPlanner
 from sim.policies import POLICIES, ours
 from sim.request import Request
@@ -84,10 +85,16 @@ class Simulation:
         self.workers = WorkerLoads(self.engines, self.feed.paused, self.feed.moved, self._load_end)
         if policy == "ours" and config.replica_planner:
             self.planner = ReplicaPlanner(self.engines, fleet.node_ids, profile)
+        self.reserve: LatencyReserve | None = None
         if policy == "ours":
             weights = ClassWeights.from_config(config.class_weights)
             self.weights = {wc.name.lower(): dict(w) for wc, w in weights.by_class.items()}
             self.choose = ours(config.seed, weights)
+        elif policy == "ours_reserve":
+            weights = reserve_weights(config.class_weights)
+            self.weights = {wc.name.lower(): dict(w) for wc, w in weights.by_class.items()}
+            self.reserve = LatencyReserve(Models().batch, config.reserve_seats)
+            self.choose = ours_reserve(config.seed, weights, self.reserve)
         else:
             self.choose = POLICIES[policy](config.seed)
         self.workload = workload or Workload(
@@ -291,6 +298,7 @@ class Simulation:
             "retries": {"not_found": self.not_found, "resource_exhausted": self.exhausted},
             "model_loads": self.workers.summary(),
             "replica_planner": None if self.planner is None else self.planner.summary(),
+            "latency_reserve": None if self.reserve is None else self.reserve.summary(),
             "picks": self.picks,
             "pick_us_mean": self.pick_s / self.picks * 1e6 if self.picks else None,
             "wall_s": self.wall_s,
