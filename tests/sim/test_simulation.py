@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+
 import pytest
 
 from sim.config import SimConfig, WorkloadConfig
 from sim.fleet import Cooling, FleetLayout
-from sim.policies import POLICIES
+from sim.policies import EXPERIMENTS, POLICIES
 from sim.sharegpt import conversations
 from sim.simulation import Simulation
 
@@ -36,13 +38,30 @@ def test_a_run_is_deterministic_in_its_seed(turns: list) -> None:
     assert _stable(first.summary()) != _stable(other.summary())
 
 
-@pytest.mark.parametrize("policy", sorted(POLICIES))
+@pytest.mark.parametrize("policy", sorted([*POLICIES, *EXPERIMENTS]))
 def test_every_policy_serves_every_class(policy: str, turns: list) -> None:
     summary = run(policy, turns).summary()
     for name, figures in summary["classes"].items():  # type: ignore[union-attr]
         assert figures["completed"] > 0, name
         assert figures["rejected"] == 0, name
     assert summary["picks"] > 1000
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_a_run_leaves_the_garbage_collector_as_it_found_it(turns: list, enabled: bool) -> None:
+    """Collections are off during a run (Simulation.run says why) and back as they were after it."""
+    seen: list[bool] = []
+    sim = Simulation(SimConfig(LAYOUT, WorkloadConfig(duration_s=5.0)), "random", turns)
+    choose = sim.choose
+    sim.choose = lambda state, query: seen.append(gc.isenabled()) or choose(state, query)
+    was = gc.isenabled()
+    (gc.enable if enabled else gc.disable)()
+    try:
+        sim.run()
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
+    assert seen and not any(seen)
 
 
 def test_the_placer_state_holds_every_gpu_with_its_load_and_thermal_trend(turns: list) -> None:
