@@ -49,8 +49,12 @@ def build_dir(key: str | None = None) -> Path:
 
 def activate(package_path: list[str]) -> bool:
     """Put this source's build first on the sim package's path; False (the source runs) when it is
-    switched off or there is no complete build of this source."""
-    if os.environ.get(ENV_SWITCH, "1") == "0":
+    switched off or there is no complete build of this source. ValueError names a switch that is neither
+    0 nor 1 (a typo must not run the other copy unnoticed)."""
+    switch = os.environ.get(ENV_SWITCH, "1")
+    if switch not in ("0", "1"):
+        raise ValueError(f"{ENV_SWITCH}={switch!r}: use 1 (this source's build, where there is one) or 0")
+    if switch == "0":
         return False
     built = build_dir()
     if not (built / COMPLETE).is_file():

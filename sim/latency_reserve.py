@@ -69,7 +69,7 @@ class LatencyReserve:
         if not self.started:
             self.started = True
             ids = _ids(snapshot, _least(serving, batch, max(1, int(serving.size * START_SHARE))))
-        rows = np.array([snapshot.row_of[i] for i in ids if i in snapshot.row_of], dtype=np.int64)
+        rows = _rows(snapshot, ids)
         rows = rows[live[rows]] if rows.size else rows
         mean = float(latency[rows].mean()) if rows.size else math.inf
         if mean > self.seats * _GROW_ABOVE:
@@ -78,7 +78,7 @@ class LatencyReserve:
         elif mean < self.seats * _SHRINK_BELOW and rows.size > 1:
             ids -= _ids(snapshot, _least(rows, latency, max(1, rows.size // 20)))
         self.ids = frozenset(ids)
-        self.rows = np.array(sorted(snapshot.row_of[i] for i in ids if i in snapshot.row_of), dtype=np.int64)
+        self.rows = _rows(snapshot, ids)
         self.sizes.append(int(self.rows.size))
 
     def summary(self) -> dict[str, object]:
@@ -97,6 +97,11 @@ class LatencyReserve:
 
 def _least(rows: np.ndarray, key: np.ndarray, count: int) -> np.ndarray:
     return rows[np.argsort(key[rows], kind="stable")[:count]]
+
+
+def _rows(snapshot: ClusterSnapshot, ids: set[str]) -> np.ndarray:
+    """The snapshot rows of ids (those it holds), in row order."""
+    return np.array(sorted(snapshot.row_of[i] for i in ids if i in snapshot.row_of), dtype=np.int64)
 
 
 def _ids(snapshot: ClusterSnapshot, rows: np.ndarray) -> set[str]:

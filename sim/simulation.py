@@ -23,7 +23,7 @@ from services.gateway.config import GatewaySettings
 from services.placer.cluster.state import ClusterState
 from services.placer.pick.query import PickQuery
 from services.placer.pick.weights import ClassWeights
-from sim.config import Models, SimConfig
+from sim.config import SimConfig
 from sim.engine_model import GpuEngine
 from sim.feed import Feed
 from sim.fleet import Fleet
@@ -85,21 +85,22 @@ class Simulation:
         self.workers = WorkerLoads(self.engines, self.feed.paused, self.feed.moved, self._load_end)
         if policy == "ours" and config.replica_planner:
             self.planner = ReplicaPlanner(self.engines, fleet.node_ids, profile)
-        self.reserve: LatencyReserve | None = None
-        if policy == "ours":
-            weights = ClassWeights.from_config(config.class_weights)
-            self.weights = {wc.name.lower(): dict(w) for wc, w in weights.by_class.items()}
-            self.choose = ours(config.seed, weights)
-        elif policy == "ours_reserve":
-            weights = reserve_weights(config.class_weights)
-            self.weights = {wc.name.lower(): dict(w) for wc, w in weights.by_class.items()}
-            self.reserve = LatencyReserve(Models().batch, config.reserve_seats)
-            self.choose = ours_reserve(config.seed, weights, self.reserve)
-        else:
-            self.choose = POLICIES[policy](config.seed)
         self.workload = workload or Workload(
             config.workload, config.layout.gpus, fleet.zone_names, conversations, config.seed
         )
+        self.reserve: LatencyReserve | None = None
+        weights: ClassWeights | None = None
+        if policy == "ours":
+            weights = ClassWeights.from_config(config.class_weights)
+            self.choose = ours(config.seed, weights)
+        elif policy == "ours_reserve":
+            weights = reserve_weights(config.class_weights)
+            self.reserve = LatencyReserve(self.workload.models.batch, config.reserve_seats)
+            self.choose = ours_reserve(config.seed, weights, self.reserve)
+        else:
+            self.choose = POLICIES[policy](config.seed)
+        if weights is not None:
+            self.weights = {wc.name.lower(): dict(w) for wc, w in weights.by_class.items()}
         self.classes = {wc: ClassResults(slo) for wc, slo in config.slos.items()}
         self.in_flight = 0
         self.not_found = 0  # picks of a node that did not hold the model (the gateway tries another)

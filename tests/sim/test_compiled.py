@@ -80,3 +80,11 @@ def test_an_edited_source_runs_uncompiled_until_rebuilt(built: Path, tmp_path: P
             env["XDG_CACHE_HOME"] = cache
         out = subprocess.run(probe, cwd=ROOT, env=env, capture_output=True, text=True, check=True)
         assert out.stdout.strip() == expected, (cache, switch)
+
+
+def test_a_switch_that_is_neither_0_nor_1_is_refused_by_name() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "HANZO_SIM_COMPILED": "false"}
+    probe = [sys.executable, "-c", "import sim"]
+    out = subprocess.run(probe, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode != 0
+    assert "HANZO_SIM_COMPILED='false': use 1" in out.stderr
