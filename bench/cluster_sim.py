@@ -144,6 +144,7 @@ def _fidelity(mode: str, seed: int) -> dict[str, object]:
     keep = (
         "fidelity_ttft_p99_error", "fidelity_ttft_p50_error", "fidelity_throughput_error", "weighted_errors",
         "errors", "offline_fidelity", "aggregation", "target", "window_s", "requests", "measured_at",
+        "repeats", "between_repeats",
     )  # fmt: skip
     return {"source": source, **{k: result.get(k) for k in keep}}
 

@@ -38,6 +38,7 @@ from sim.cpu_profile import cpu_profile
 from sim.fidelity import (
     CHAT_MODEL,
     EMBED_MODEL,
+    METRICS,
     FidelityPlan,
     Served,
     class_metrics,
@@ -45,6 +46,7 @@ from sim.fidelity import (
     make_trace,
     mesh_workload,
     offered_load,
+    pooled_metrics,
     relative_errors,
     simulate,
     weighted,
@@ -61,12 +63,25 @@ OUT = Path(__file__).resolve().parents[1] / ".cache" / "bench" / "sim_fidelity.j
 OUT_QUICK = OUT.with_name("sim_fidelity_quick.json")
 TARGET = 0.15
 CALIBRATION_SEED_OFFSET = 1000  # the calibration trace's seed: never the trace the errors are measured on
+CALIBRATION_MAX_S = 180.0  # ~3,000 logged steps a worker: past that a longer calibration adds only drift
+REPEAT_TOKEN_SEED_STEP = 100  # repeat k's prompts are token ids of seed + 100 k (warm-up +1, calibration +2)
 MESH_ENV = {"HANZO_TELEMETRY_SIM_HEATING_C_AT_FULL_LOAD": "0"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="a 40 s trace instead of 180 s")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="the trace's window (default 180; --quick 40); the calibration trace is as long, at most 180 s",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1,
+        help="serve the trace this many times on the real mesh, each with prompts of other token ids "
+        "(no cache hits across repeats); the real figures pool them, and their spread is reported",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sim-only", action="store_true", help="only the simulated side (sizing the trace)")
     parser.add_argument(
@@ -77,12 +92,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def serve_on_mesh(
-    trace: Trace, seed: int, words: list[str], steps: Path, calibration: Trace | None = None
-) -> tuple[list[Served], dict[str, object], list[Served]]:
+    trace: Trace,
+    seed: int,
+    words: list[str],
+    steps: Path,
+    calibration: Trace | None = None,
+    repeats: int = 1,
+) -> tuple[list[list[Served]], dict[str, object], list[Served]]:
     """Start `hanzo-mesh up` with step logs under steps, warm it, replay the calibration trace (if any;
-    its steps copied to steps/calibration), then the trace (steps/evaluation), stop it; the trace's
-    requests as served, what the run measured, and the calibration trace's requests as served."""
+    its steps copied to steps/calibration), then the trace repeats times (steps/evaluation), stop it;
+    each repeat's requests as served, what the run measured, and the calibration trace's requests as
+    served. Repeat k's prompts are token ids of seed + 100 k: the same lengths and sharing, no prefix
+    cached by an earlier repeat."""
     calibration_served: list[Served] = []
+    served: list[list[Served]] = []
     with tempfile.TemporaryDirectory(prefix="sim-fidelity-") as root:
         step_logs = steps / "workers"
         env = {**MESH_ENV, "HANZO_WORKER_STEP_LOG_DIR": str(step_logs)}
@@ -103,11 +126,13 @@ def serve_on_mesh(
                 )
                 cut_logs(step_logs, before, steps / "calibration")
             before = log_sizes(step_logs)
-            log(f"replaying {trace.requests()} requests over {trace.duration_s:.0f} s")
             pids = {**up.services(), "client": os.getpid()}
             cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
             began = time.monotonic()
-            served = asyncio.run(replay(trace, up.gateway, up.api_key, Tokens(seed, words)))
+            for k in range(repeats):
+                log(f"replaying {trace.requests()} requests over {trace.duration_s:.0f} s, {k + 1}/{repeats}")
+                tokens = Tokens(seed + REPEAT_TOKEN_SEED_STEP * k, words)
+                served.append(asyncio.run(replay(trace, up.gateway, up.api_key, tokens)))
             wall = time.monotonic() - began
             # Where the two cores went while the trace ran: the workers' share is what the calibration
             # measured alone; the rest is what the simulator does not model.
@@ -165,17 +190,29 @@ def _warm_up(trace: Trace) -> Trace:
     return Trace(1.0, tuple(firsts))
 
 
+def _worst(runs: list[dict[str, dict[str, float | None]]], metric: str) -> float | None:
+    """The worst class's error on metric over every run's errors; None without runs."""
+    found = [value for errors in runs if (value := headline(errors, metric)) is not None]
+    return max(found) if found else None
+
+
 def _row(s: Served) -> dict[str, object]:
     return {**s.__dict__, "workload": s.workload.name.lower()}
 
 
 def run_fidelity(
-    plan: FidelityPlan, sim_only: bool = False, out: Path = OUT, calibration_window_s: float | None = None
+    plan: FidelityPlan,
+    sim_only: bool = False,
+    out: Path = OUT,
+    calibration_window_s: float | None = None,
+    repeats: int = 1,
 ) -> dict[str, object]:
     """The simulated side on the offline calibration, then (unless sim_only) the real mesh: a calibration
-    trace of its own seed (calibration_window_s long, default the plan's window; 0: none) whose logged
-    steps refit the profile, then the plan's trace; the simulated side again on the serving fit, and
-    both fits' errors. The result is also written to out (and every request on both sides next to it)."""
+    trace of its own seed (calibration_window_s long, default the plan's window up to CALIBRATION_MAX_S;
+    0: none) whose logged steps refit the profile, then the plan's trace, repeats times; the simulated
+    side again on the serving fit, and both fits' errors against the repeats pooled. With repeats > 1,
+    each later repeat's error against the first (the real mesh predicting itself). The result is also
+    written to out (and every request on both sides next to it)."""
     started = time.perf_counter()
     offline = calibrate()
     profile = cpu_profile(offline, CHAT_MODEL, EMBED_MODEL)
@@ -201,7 +238,9 @@ def run_fidelity(
     }
     if sim_only:
         return result
-    window = plan.workload.duration_s if calibration_window_s is None else calibration_window_s
+    window = calibration_window_s
+    if window is None:
+        window = min(plan.workload.duration_s, CALIBRATION_MAX_S)
     calibration_plan = replace(
         plan, seed=plan.seed + CALIBRATION_SEED_OFFSET, workload=replace(plan.workload, duration_s=window)
     )
@@ -209,8 +248,8 @@ def run_fidelity(
     encoder = Path(str(offline["models"][EMBED_MODEL]["path"]))  # type: ignore[index]
     words = single_token_words(encoder / "tokenizer.json")
     with tempfile.TemporaryDirectory(prefix="sim-fidelity-steps-") as steps:
-        real_served, meta, calibration_served = serve_on_mesh(
-            trace, plan.seed, words, Path(steps), calibration_trace
+        real_runs, meta, calibration_served = serve_on_mesh(
+            trace, plan.seed, words, Path(steps), calibration_trace, repeats
         )
         serving = (
             serving_calibration(offline, logs_by_model(Path(steps) / "calibration"))
@@ -222,7 +261,11 @@ def run_fidelity(
             "offline": out_of_sample(offline, evaluation),
             "serving": out_of_sample(serving, evaluation),
         }
-    real = class_metrics(real_served, trace.duration_s)
+        # A diagnostic, never the headline: the same terms fitted to the evaluation's own steps (in
+        # sample), which takes the machine's drift between the two windows out of the error.
+        in_run = serving_calibration(offline, logs_by_model(evaluation))
+    real = pooled_metrics(real_runs, trace.duration_s)
+    real_served = [s for run in real_runs for s in run]
     errors_offline = relative_errors(real, sim_offline)
     serving_profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
     embeddings = [
@@ -231,11 +274,16 @@ def run_fidelity(
         if s.workload == WorkloadClass.EMBEDDING and s.ttft_s is not None
     ]
     overhead_s = request_overhead_s(embeddings, serving_profile.model(EMBED_MODEL))
+    network = NetworkCosts(request_overhead_s=overhead_s)
     if serving is not offline:
-        network = NetworkCosts(request_overhead_s=overhead_s)
         sim_served, _ = simulate(trace, serving_profile, plan.seed, turns, network)
     sim_serving = class_metrics(sim_served, trace.duration_s)
     errors = relative_errors(real, sim_serving)
+    in_run_profile = cpu_profile(in_run, CHAT_MODEL, EMBED_MODEL)
+    in_run_served, _ = simulate(trace, in_run_profile, plan.seed, turns, network)
+    errors_in_run = relative_errors(real, class_metrics(in_run_served, trace.duration_s))
+    repeats_real = [class_metrics(run, trace.duration_s) for run in real_runs]
+    errors_between_repeats = [relative_errors(repeats_real[0], later) for later in repeats_real[1:]]
     result.update(
         sim=sim_serving,
         sim_offline=sim_offline,
@@ -260,6 +308,18 @@ def run_fidelity(
         offline_fidelity={m: headline(errors_offline, m) for m in ("ttft_p50_s", "ttft_p99_s", "throughput")},
         weighted_errors={m: weighted(errors, real, m) for m in ("ttft_p50_s", "ttft_p99_s", "throughput")},
         aggregation="max over classes (weighted: request-weighted mean)",
+        repeats=repeats,
+        real_repeats=repeats_real,
+        # Each later repeat's error against the first: the real mesh's own noise on the same measure.
+        errors_between_repeats=errors_between_repeats,
+        between_repeats={m: _worst(errors_between_repeats, m) for m in METRICS},
+        # The step costs fitted in sample to the evaluation's own logged steps: what is left is the
+        # simulator's model of serving, not the machine's drift since the calibration trace.
+        in_run_fit={
+            "errors": errors_in_run,
+            **{f"fidelity_{m.removesuffix('_s')}_error": headline(errors_in_run, m) for m in METRICS},
+            "coefficients": {m: in_run["models"][m]["coefficients"] for m in (CHAT_MODEL, EMBED_MODEL)},  # type: ignore[index]
+        },
         target=TARGET,
         mesh=meta,
         failed_real=sum(1 for s in real_served if s.status != "OK"),
@@ -270,7 +330,7 @@ def run_fidelity(
     out.write_text(json.dumps(result))
     # Every request on both sides, for looking into where the two part.
     detail = {
-        "real": [_row(r) for r in real_served],
+        "real": [{**_row(r), "repeat": k} for k, run in enumerate(real_runs) for r in run],
         "sim": [_row(r) for r in sim_served],
         "calibration_real": [_row(r) for r in calibration_served],
     }
@@ -288,7 +348,7 @@ def resimulate(last: Path) -> dict[str, object]:
     serving = json.loads(json.dumps(offline))
     for model, coefficients in fitted["coefficients"].items():
         serving["models"][model]["coefficients"] = coefficients
-    plan = replace(FULL if run["window_s"] == FULL.workload.duration_s else QUICK, seed=run["seed"])
+    plan = FidelityPlan(mesh_workload(run["window_s"]), seed=run["seed"])
     turns = conversations(CONVERSATIONS)
     trace = make_trace(plan, turns)
     network = NetworkCosts(request_overhead_s=fitted["request_overhead_s"])
@@ -316,8 +376,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.resimulate:
         print(json.dumps(resimulate(OUT_QUICK if args.quick else OUT)))
         return 0
+    if args.repeats < 1:
+        print(f"--repeats must be at least 1, got {args.repeats}", file=sys.stderr)
+        return 2
     plan = replace(QUICK if args.quick else FULL, seed=args.seed)
-    result = run_fidelity(plan, args.sim_only, OUT_QUICK if args.quick else OUT)
+    if args.seconds is not None:
+        if not args.seconds > 0:
+            print(f"--seconds must be positive, got {args.seconds}", file=sys.stderr)
+            return 2
+        plan = replace(plan, workload=replace(plan.workload, duration_s=args.seconds))
+    result = run_fidelity(plan, args.sim_only, OUT_QUICK if args.quick else OUT, repeats=args.repeats)
     print(json.dumps({**result, "quick": args.quick}))
     return 0
 

@@ -161,6 +161,15 @@ def class_metrics(served: Iterable[Served], window_s: float) -> dict[str, dict[s
     return out
 
 
+def pooled_metrics(runs: list[list[Served]], window_s: float) -> dict[str, dict[str, float | int | None]]:
+    """class_metrics over every run of one trace at once: TTFT percentiles of the pooled requests (over R
+    runs, a class's p99 rests on R times as many requests), throughput the runs' mean."""
+    pooled = class_metrics((s for run in runs for s in run), window_s)
+    for figures in pooled.values():
+        figures["throughput"] = float(figures["throughput"] or 0.0) / max(len(runs), 1)
+    return pooled
+
+
 def relative_errors(
     real: Mapping[str, Mapping[str, float | int | None]], sim: Mapping[str, Mapping[str, float | int | None]]
 ) -> dict[str, dict[str, float | None]]:

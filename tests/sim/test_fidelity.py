@@ -18,10 +18,12 @@ from sim.fidelity import (
     CHAT_MODEL,
     EMBED_MODEL,
     FidelityPlan,
+    Served,
     class_metrics,
     headline,
     make_trace,
     mesh_workload,
+    pooled_metrics,
     relative_errors,
     simulate,
 )
@@ -79,6 +81,22 @@ def test_the_simulated_mesh_serves_every_request_of_the_trace(turns: list) -> No
     served, sim = simulate(trace, PROFILE, PLAN.seed, turns)
     assert len(served) == trace.requests()
     assert {e.index for e in sim.engines if e.decoded_tokens} == {0, 1}  # both workers take work
+
+
+def test_repeats_pool_their_requests_and_average_their_throughput() -> None:
+    """Two runs of one trace: percentiles over both runs' requests, throughput per run."""
+
+    def chat(ttft_s: float, done_s: float) -> Served:
+        return Served(WorkloadClass.REALTIME_CHAT, 0, 0, 0.0, ttft_s, done_s, prompt=10, output=20)
+
+    first = [chat(0.1, 1.0), chat(0.2, 2.0)]
+    second = [chat(0.3, 3.0), chat(9.0, 50.0)]  # its slow request ends past the 10 s window
+    pooled = pooled_metrics([first, second], 10.0)["realtime_chat"]
+    alone = class_metrics(first + second, 10.0)["realtime_chat"]
+    assert pooled["requests"] == 4 and pooled["ttft_p99_s"] == alone["ttft_p99_s"]
+    assert pooled["ttft_p50_s"] == pytest.approx(0.25)
+    assert pooled["throughput"] == pytest.approx((40 + 20) / 10.0 / 2)  # 3 of 4 in the window, over 2 runs
+    assert pooled_metrics([first], 10.0) == class_metrics(first, 10.0)
 
 
 async def test_the_real_mesh_and_the_simulation_agree_on_requests_and_tokens(

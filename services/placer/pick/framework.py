@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -25,6 +24,7 @@ from services.common.workload import WorkloadClass
 from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.pick import nvml_bits
 from services.placer.pick.filters import DEFAULT_FILTERS, Filter, Rows
+from services.placer.pick.memo import PrefixMemo, TieBreak
 from services.placer.pick.native_rows import NativeRows, is_topology
 from services.placer.pick.query import PickContext, PickQuery
 from services.placer.pick.scorers import DEFAULT_SCORERS, RequestScorer, RowScorer, Scorer, clamp_scores
@@ -98,14 +98,10 @@ class Picker:
         the tests and the placer bench compare against). compiled=False keeps every table in numpy even
         where the compiled pick (native.py) could serve its filters and scorers: the same decisions.
         """
-        if prefix_capacity < 0:
-            raise ValueError(f"prefix_capacity must be >= 0, got {prefix_capacity}")
         self._filters = tuple(filters.values())
         self._plans = {wc: _plan_of(weights, dict(scorers), wc) for wc in WorkloadClass}
-        self._rng = rng if rng is not None else np.random.default_rng()
-        self._uniforms: list[float] = []  # drawn from _rng in batches: one numpy call per tie-break is slow
-        self._prefix_capacity = prefix_capacity
-        self._prefix_nodes: OrderedDict[int, str] = OrderedDict()  # LRU, most recent last
+        self._ties = TieBreak(rng if rng is not None else np.random.default_rng())
+        self._prefixes = PrefixMemo(prefix_capacity)
         self._near_band_c = near_slowdown_band_c
         self._avoid_degraded = avoid_degraded
         self._default_slowdown_c = default_slowdown_c
@@ -135,7 +131,7 @@ class Picker:
             return None
         runners_up = max(query.explain_top, 0)
         written: dict[str, np.ndarray] = {}
-        context = PickContext(prefix_row=self._prefix_row(snapshot, query.prefix_hash))
+        context = PickContext(prefix_row=self._prefixes.row(snapshot, query.prefix_hash))
         topology = None  # the compiled ranking's topology score per leader
         if table.native is not None:
             leader_totals, leaders, ties = table.native.rank(
@@ -149,11 +145,11 @@ class Picker:
             leaders, ties = _leaders(totals, runners_up, considered, 2 * plan.weight_sum + 1.0)
             leader_totals = totals[leaders]
         ranked = time.perf_counter_ns()
-        position = self._draw(ties) if ties > 1 else 0
+        position = self._ties.draw(ties) if ties > 1 else 0
         row = int(leaders[position])
         node_id = snapshot.node_ids[row]
         assert node_id is not None  # live rows always have an id
-        self._remember(query.prefix_hash, node_id)
+        self._prefixes.remember(query.prefix_hash, node_id)
         others = [i for i in range(min(runners_up + 1, len(leaders))) if i != position]
         shown = [position, *others[:runners_up]]
         candidates = self._explain(snapshot, plan, table, written, leaders, leader_totals, topology, shown)
@@ -284,12 +280,6 @@ class Picker:
             candidates.append(Candidate(snapshot.node_ids[row] or "", total, ordered))
         return candidates
 
-    def _draw(self, n: int) -> int:
-        """A uniform index in [0, n)."""
-        if not self._uniforms:
-            self._uniforms = self._rng.random(1024).tolist()
-        return min(int(self._uniforms.pop() * n), n - 1)
-
     def _degraded(self, snapshot: ClusterSnapshot, rows: Rows) -> np.ndarray:
         """Per row in rows: a thermal sample shows slowdown bits (thermal or power) or a temperature within
         near_slowdown_band_c of the slowdown threshold."""
@@ -300,21 +290,6 @@ class Picker:
         )
         near = snapshot.temperature_c[rows] >= slowdown - self._near_band_c
         return snapshot.has_thermal[rows] & (throttled | near)
-
-    def _prefix_row(self, snapshot: ClusterSnapshot, prefix_hash: int | None) -> int | None:
-        """Row of the node that last served prefix_hash, if it is still in the snapshot."""
-        if prefix_hash is None:
-            return None
-        node_id = self._prefix_nodes.get(prefix_hash)
-        return None if node_id is None else snapshot.row_of.get(node_id)
-
-    def _remember(self, prefix_hash: int | None, node_id: str) -> None:
-        if prefix_hash is None or self._prefix_capacity == 0:
-            return
-        self._prefix_nodes[prefix_hash] = node_id
-        self._prefix_nodes.move_to_end(prefix_hash)
-        if len(self._prefix_nodes) > self._prefix_capacity:
-            self._prefix_nodes.popitem(last=False)
 
 
 def _plan_of(weights: ClassWeights, scorers: dict[str, Scorer], workload_class: WorkloadClass) -> _Plan:

@@ -1,0 +1,21 @@
+"""bench/sim_fidelity.py refuses a window or a repeat count it cannot serve, before starting anything."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.sim_fidelity import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--repeats", "0"], "--repeats must be at least 1, got 0"),
+        (["--seconds", "-5"], "--seconds must be positive"),
+    ],
+)
+def test_a_bad_window_or_repeat_count_is_refused_by_name(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
