@@ -144,7 +144,7 @@ class _PrefixLoad:
     holds the two to the same node on every pick, over a churning fleet and a simulated run."""
 
     def __init__(self, seed: int) -> None:
-        self._ties = TieBreak(np.random.default_rng([seed, 22]))
+        self._tie_break = TieBreak(np.random.default_rng([seed, 22]))
         self._prefixes = PrefixMemo(_PREFIX_CAPACITY)
         self._candidates = _Candidates()
 
@@ -168,7 +168,7 @@ class _PrefixLoad:
             if high != low:
                 totals = (high - waiting[rows]) / (high - low) * _PREFIX_LOAD_WEIGHTS["queue"]
                 ties = rows[totals >= totals.max() - TIE_TOLERANCE]
-            row = int(ties[self._ties.draw(ties.size)] if ties.size > 1 else ties[0])
+            row = int(ties[self._tie_break.draw(ties.size)] if ties.size > 1 else ties[0])
         node_id = snapshot.node_ids[row]
         assert node_id is not None  # a candidate is a live row
         self._prefixes.remember(query.prefix_hash, node_id)

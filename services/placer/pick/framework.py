@@ -100,7 +100,7 @@ class Picker:
         """
         self._filters = tuple(filters.values())
         self._plans = {wc: _plan_of(weights, dict(scorers), wc) for wc in WorkloadClass}
-        self._ties = TieBreak(rng if rng is not None else np.random.default_rng())
+        self._tie_break = TieBreak(rng if rng is not None else np.random.default_rng())
         self._prefixes = PrefixMemo(prefix_capacity)
         self._near_band_c = near_slowdown_band_c
         self._avoid_degraded = avoid_degraded
@@ -145,7 +145,7 @@ class Picker:
             leaders, ties = _leaders(totals, runners_up, considered, 2 * plan.weight_sum + 1.0)
             leader_totals = totals[leaders]
         ranked = time.perf_counter_ns()
-        position = self._ties.draw(ties) if ties > 1 else 0
+        position = self._tie_break.draw(ties) if ties > 1 else 0
         row = int(leaders[position])
         node_id = snapshot.node_ids[row]
         assert node_id is not None  # live rows always have an id
