@@ -4,8 +4,9 @@
 weights, memo and tie-break, exactly as PlacerReplica.choose runs it. The others are what a fleet would
 otherwise run: random, round-robin and power-of-two choices over the nodes that can take the model;
 least-loaded (the placer's load score alone); and prefix + load in llm-d's default weighting (its queue
-scorer at 2, prefix cache at 3), built on the same Picker framework with llm-d's queue scorer. None of
-the baselines reads temperature.
+scorer at 2, prefix cache at 3), defined on the same Picker framework with llm-d's queue scorer
+(prefix_load_picker) and run as a direct ranking that takes the same node (prefix_load). None of the
+baselines reads temperature.
 """
 
 from __future__ import annotations
