@@ -373,6 +373,10 @@ def resimulate(last: Path) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.resimulate and (args.repeats != 1 or args.seconds is not None):
+        why = "--resimulate reuses the last run's trace and repeats: drop --seconds and --repeats"
+        print(why, file=sys.stderr)
+        return 2
     if args.resimulate:
         print(json.dumps(resimulate(OUT_QUICK if args.quick else OUT)))
         return 0

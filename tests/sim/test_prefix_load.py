@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from services.placer.cluster.state import ClusterState
+from services.placer.pick.query import PickQuery
 from sim.config import SimConfig, WorkloadConfig
 from sim.fleet import FleetLayout
 from sim.policies import prefix_load, prefix_load_picker
@@ -50,10 +51,10 @@ def test_the_same_node_as_the_picker_on_every_pick_of_a_run() -> None:
     choose = sim.choose
     picks = 0
 
-    def both(state: ClusterState, q: object) -> str | None:
+    def both(state: ClusterState, q: PickQuery) -> str | None:
         nonlocal picks
-        chosen = choose(state, q)  # type: ignore[arg-type]
-        assert chosen == reference(state, q), f"pick {picks}"  # type: ignore[arg-type]
+        chosen = choose(state, q)
+        assert chosen == reference(state, q), f"pick {picks}"
         picks += 1
         return chosen
 
