@@ -47,6 +47,7 @@ from sim.fidelity import (
     mesh_workload,
     offered_load,
     pooled_metrics,
+    preemptions_by_class,
     relative_errors,
     simulate,
     weighted,
@@ -126,6 +127,7 @@ def serve_on_mesh(
                 )
                 cut_logs(step_logs, before, steps / "calibration")
             before = log_sizes(step_logs)
+            preempted_before = _preemptions(_worker_metrics(up))
             pids = {**up.services(), "client": os.getpid()}
             cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
             began = time.monotonic()
@@ -139,7 +141,9 @@ def serve_on_mesh(
             cpu = {name: round(_cpu_s(pid) - cpu_before[name], 2) for name, pid in pids.items()}
             cut_logs(step_logs, before, steps / "evaluation")
             meta = {"mesh_ready_s": ready_s, "replay_wall_s": wall, "models": seen, "cpu_s": cpu}
-            meta["engine_steps"] = _engine_steps(up)
+            texts = _worker_metrics(up)
+            meta["engine_steps"] = _engine_steps(texts)
+            meta["preemptions"] = {c: n - preempted_before[c] for c, n in _preemptions(texts).items()}
             # The dtype each worker's "auto" measured at its start (the calibration measured its own).
             logs = sorted(Path(root).glob("runs/*/worker-*.log"))
             meta["worker_dtypes"] = [_dtype_line(log.read_text()) for log in logs]
@@ -158,22 +162,41 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _engine_steps(up: UpProcess) -> dict[str, dict[str, float]]:
-    """Each worker's engine steps by the token budget its policy chose (its Prometheus counter, warm-up
-    included): how finely the real engine cut the work the simulator runs in full-budget steps."""
-    found: dict[str, dict[str, float]] = {}
-    for _, line in up.lines:  # the process table: service, pid, address, metrics port, detail
+def _worker_metrics(up: UpProcess) -> dict[str, str]:
+    """Each worker's Prometheus text, by its name in the process table (service, pid, address, metrics
+    port, detail)."""
+    texts: dict[str, str] = {}
+    for _, line in up.lines:
         cells = line.split()
         if len(cells) < 4 or not cells[0].startswith("worker-") or not cells[3].isdigit():
             continue
         with urllib.request.urlopen(f"http://127.0.0.1:{cells[3]}/metrics", timeout=5) as reply:
-            text = reply.read().decode()
+            texts[cells[0]] = reply.read().decode()
+    return texts
+
+
+def _engine_steps(texts: dict[str, str]) -> dict[str, dict[str, float]]:
+    """Each worker's engine steps by the token budget its policy chose (its Prometheus counter, warm-up
+    included): how finely the real engine cut the work the simulator runs in full-budget steps."""
+    found: dict[str, dict[str, float]] = {}
+    for worker, text in texts.items():
         steps: dict[str, float] = {}
         for row in text.splitlines():
             if row.startswith("hanzo_worker_engine_steps_total{") and f'model_name="{CHAT_MODEL}"' in row:
                 budget = row.split('budget="', 1)[1].split('"', 1)[0]
                 steps[budget] = float(row.rsplit(" ", 1)[1])
-        found[cells[0]] = dict(sorted(steps.items(), key=lambda kv: int(kv[0])))
+        found[worker] = dict(sorted(steps.items(), key=lambda kv: int(kv[0])))
+    return found
+
+
+def _preemptions(texts: dict[str, str]) -> dict[str, float]:
+    """Sequences the workers' engines preempted so far, by the preempted one's class (lower-case)."""
+    found = {wc.name.lower(): 0.0 for wc in WorkloadClass if wc != WorkloadClass.UNSPECIFIED}
+    for text in texts.values():
+        for row in text.splitlines():
+            if row.startswith("hanzo_worker_num_preemptions_total{") and f'model_name="{CHAT_MODEL}"' in row:
+                workload = row.split('workload_class="', 1)[1].split('"', 1)[0].lower()
+                found[workload] = found.get(workload, 0.0) + float(row.rsplit(" ", 1)[1])
     return found
 
 
@@ -320,6 +343,12 @@ def run_fidelity(
             **{f"fidelity_{m.removesuffix('_s')}_error": headline(errors_in_run, m) for m in METRICS},
             "coefficients": {m: in_run["models"][m]["coefficients"] for m in (CHAT_MODEL, EMBED_MODEL)},  # type: ignore[index]
         },
+        # Sequences preempted (KV dropped, recomputed later), by class: the real engines' counter over
+        # one repeat on average, and the simulated engines' on the one pass.
+        preemptions={
+            "real_per_repeat": {c: n / repeats for c, n in meta["preemptions"].items()},  # type: ignore[attr-defined]
+            "sim": preemptions_by_class(sim_served),
+        },
         target=TARGET,
         mesh=meta,
         failed_real=sum(1 for s in real_served if s.status != "OK"),
@@ -364,6 +393,10 @@ def resimulate(last: Path) -> dict[str, object]:
         "fidelity_ttft_p99_error": headline(errors, "ttft_p99_s"),
         "fidelity_ttft_p50_error": headline(errors, "ttft_p50_s"),
         "fidelity_throughput_error": headline(errors, "throughput"),
+        "preemptions": {
+            "real_per_repeat": run.get("preemptions", {}).get("real_per_repeat"),
+            "sim": preemptions_by_class(sim_served),
+        },
     }
     last.with_name(last.stem + "_resimulated.json").write_text(json.dumps(result))
     rows = [_row(r) for r in sim_served]

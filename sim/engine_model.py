@@ -1,20 +1,31 @@
 """One GPU's continuous-batching engine, simulated at the granularity of events, not iterations.
 
 Decodes advance as a fluid: between two events (an arrival, a prompt step's end, a sequence's last
-token, a clock change) every running sequence gains one token per decode step, and a step takes the
-profile's time for the batch as it stood at the last event; a counter of decode steps tells when each
-sequence finishes, so a GPU costs nothing while it only decodes. Prompt work runs in explicit steps
-(chunked prefill: the step's token budget less one token per running decode), so time to first token
-is resolved to the step. Waiting prompts are ordered as the adaptive policy orders them (chat, then the
-other latency classes, batch last, each first come first served) and admitted while seats and KV room
-(prompt + output, reserved up front, so nothing is ever preempted) remain. A latency-class prompt that
-arrives during a decode step starts after at most the profile's preemption granularity (layer-level
-preemption; half a layer of the running step where the profile knows the layers); any other waits for
-the step to end.
+token, the KV pool running out, a clock change) every running sequence gains one token per decode step,
+and a step takes the profile's time for the batch as it stood at the last event; a counter of decode
+steps tells when each sequence finishes, so a GPU costs nothing while it only decodes. Prompt work runs
+in explicit steps (chunked prefill: the step's token budget less one token per running decode), so
+time to first token is resolved to the step.
+
+Admission and preemption follow the worker's adaptive policy (services/worker/engine/scheduler.py).
+Sequences rank by class (chat, then the other latency classes, batch last), then by admission; waiting
+prompts are taken in that order, head of line. A prompt is admitted when a seat is free and the pool
+holds its KV plus its expected output (the policy's expected_output_tokens, or its whole output if
+shorter) plus the watermark, and for batch also the latency reserve's share of KV and seats; a prompt
+that does not fit takes the seat and KV of lower-ranked sequences (the lowest ranked, most recently
+admitted first), which go back to the head of their class's queue to recompute what they held (their
+blocks stay in the prefix cache while nothing else needs them, so that is cheap unless the pool is
+tight). KV grows a token per decode; when the pool runs out, the lowest-ranked sequences are preempted
+the same way. After a preemption only what outranks every victim is admitted at that step (no thrash).
+A latency-class prompt that arrives during a decode step starts after at most the profile's preemption
+granularity (layer-level preemption; half a layer of the running step where the profile knows the
+layers), and during a prompt step it runs nested in a free seat and free KV, displacing nothing; any
+other waits for the step to end.
 
 What this costs in fidelity: a decode stretch keeps the step time of its start (context grows by a few
 hundred tokens at most before the next event); several resident models share one timeline (their steps
-run one after another, as on one GPU); KV is reserved for the whole output rather than grown.
+run one after another, as on one GPU); KV is counted in tokens, not 16-token blocks; decodes always get
+their token in a step, even where the real engine would give an outranking prompt their budget.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ IDLE, DECODE, STEP = 0, 1, 2
 _EPS = 1e-9
 _DONE_TOLERANCE = 1e-6  # a sequence whose finish counter is this close to the counter is done
 _INF = math.inf
+_NO_VICTIM = 3  # above every class's priority: nothing was preempted at this event
 
 Schedule = Callable[[float, "GpuEngine", int], None]
 
@@ -69,11 +81,14 @@ class GpuEngine(ModelLifecycle):
         self.waiting: tuple[deque[Request], ...] = (deque(), deque(), deque())
         self.num_waiting = 0
         self.batch_running = 0  # admitted BATCH requests (prefilling or decoding)
-        self.prefilling: list[Request] = []  # admitted, prompt not yet computed, in priority order
-        self.running: list[tuple[float, int, Request]] = []  # heap by finish counter
+        self.prefilling: list[Request] = []  # admitted, prompt not yet computed, in rank order
+        self.running: list[tuple[float, int, Request]] = []  # decoding, a heap by finish counter
         self.rows: dict[str, int] = dict.fromkeys(self.costs, 0)  # decoding sequences per model
-        self.context: dict[str, float] = dict.fromkeys(self.costs, 0.0)  # their context tokens
-        self.kv_used = 0
+        self.context: dict[str, float] = dict.fromkeys(self.costs, 0.0)  # their context tokens (KV held)
+        self.kv_prompts = 0  # KV of admitted sequences not decoding yet (what their prompt steps compute)
+        self.kv_used = 0.0  # kv_prompts + the decodes' context, as of the last event
+        self.admits = 0
+        self.floor = _NO_VICTIM  # the best-ranked class preempted at this event: only better ones come in
         self.cache = PrefixCache()
         self.step: list[tuple[Request, int]] = []
         self.joining: list[Request] = []  # first token out in a nested step; decoding from the step's end
@@ -88,6 +103,8 @@ class GpuEngine(ModelLifecycle):
         self.prefix_tokens_saved = 0
         self.prefill_compute_s = 0.0  # the prompt tokens' share of step time, at full clock
         self.decoded_tokens = 0
+        self.preemptions = 0
+        self.recomputed_tokens = 0  # prompt tokens computed again after preemptions (prefix hits excluded)
 
     # --- what the rest of the simulation calls ----------------------------------------------------------
 
@@ -117,9 +134,9 @@ class GpuEngine(ModelLifecycle):
             self._nest(request, now)
 
     def _embed(self, request: Request, now: float) -> None:
-        """An encoder request: the encoder is an engine of its own on this GPU (no KV, no queue behind the
-        decoder's prompts), so it runs at once, after the profile's encoder wait if the GPU is busy, and
-        whatever the decoder was doing finishes that much later."""
+        """An encoder request: the encoder is an engine of its own on this GPU (no KV kept, no queue behind
+        the decoder's prompts), so it runs at once, after the profile's encoder wait if the GPU is busy,
+        and whatever the decoder was doing finishes that much later."""
         cost = self.costs[request.model]
         prompt_s = request.prompt * cost.per_prefill_token_s
         seconds = (cost.base_s + prompt_s) / self.clock
@@ -135,7 +152,6 @@ class GpuEngine(ModelLifecycle):
             self._plan_decode(now + seconds)
         else:
             self.busy_prefill_s += seconds
-        self.kv_used += request.prompt  # released at once by _finish
         self._finish(request, request.first_token_s)
 
     def _nest(self, request: Request, now: float) -> None:
@@ -147,35 +163,37 @@ class GpuEngine(ModelLifecycle):
             or self.waiting[request.priority][0] is not request
         ):
             return
+        tokens = request.prompt + request.generated
         cached = self.cache.longest(request.conversation, request.tools)
-        if request.prompt - min(cached, request.prompt - 1) > self.profile.token_budget:
+        if tokens - min(cached, tokens - 1) > self.profile.token_budget:
             return
-        if self._admit() is not request:  # no seat or no KV room: it waits like any other
+        if self._admit(len(self.prefilling), displace=False) is not request:  # no free seat or KV: it waits
             return
         self.prefilling.remove(request)
         cost = self.costs[request.model]
-        tokens = request.to_prefill
-        prompt_s = tokens * (cost.per_prefill_token_s + cost.per_prefill_attention_s * request.prompt)
+        prompt_s = request.to_prefill * (cost.per_prefill_token_s + cost.per_prefill_attention_s * tokens)
         self.prefill_compute_s += prompt_s
         seconds = (cost.base_s + prompt_s) / self.clock
-        request.first_token_s = now + self._preempt_wait(self.step_s) + seconds
         request.to_prefill = 0
         self.step_end += seconds
         self._at(self.step_end, force=True)
-        if request.output <= 1:
-            self._finish(request, request.first_token_s)
-        else:
+        if self._prefilled(request, now + self._preempt_wait(self.step_s) + seconds):
             self.joining.append(request)
 
     def on_event(self, now: float, version: int) -> None:
         if version != self.version:
             return  # superseded by a later schedule
         self.next_event = _INF
+        self.floor = _NO_VICTIM
         self.advance(now)
+        # Decodes grew into free blocks since the last event: the cached prefixes there are gone.
+        self.cache.make_room(int(self.kv_capacity - self.kv_used))
         if self.mode == STEP:
             self._end_step(now)
         if self.running and self.running[0][0] <= self.counter + _DONE_TOLERANCE:
             self._complete_finished(now)
+        if self.running and self.kv_capacity - self.kv_used < len(self.running):
+            self._relieve()
         if (self.prefilling or self.num_waiting) and self._start_step(now):
             return
         if self.running:
@@ -206,6 +224,7 @@ class GpuEngine(ModelLifecycle):
             for model, rows in self.rows.items():
                 if rows:
                     self.context[model] += rows * steps
+            self.kv_used += len(self.running) * steps
             self.busy_decode_s += elapsed
         elif self.mode == STEP:
             self.busy_prefill_s += elapsed
@@ -216,7 +235,7 @@ class GpuEngine(ModelLifecycle):
         return len(self.running) + len(self.prefilling) + len(self.joining)
 
     def kv_usage(self) -> float:
-        return self.kv_used / self.kv_capacity if self.kv_capacity else 1.0
+        return min(self.kv_used / self.kv_capacity, 1.0) if self.kv_capacity else 1.0
 
     # --- internals ------------------------------------------------------------------------------------
 
@@ -235,6 +254,8 @@ class GpuEngine(ModelLifecycle):
         return self.profile.preempt_granularity_s if layers is None else step_s / (2 * layers)
 
     def _plan_decode(self, now: float) -> None:
+        """Decode until the first sequence finishes or, where something could be preempted, the pool
+        runs out."""
         self.mode = DECODE
         step_s = 0.0
         for model, rows in self.rows.items():
@@ -242,11 +263,18 @@ class GpuEngine(ModelLifecycle):
                 cost = self.costs[model]
                 step_s += cost.base_s + cost.per_row_s * rows + cost.per_context_token_s * self.context[model]
         self.decode_step_s = step_s / self.clock
-        finish = self.running[0][0]
-        self._at(now + max(finish - self.counter, 0.0) * self.decode_step_s, force=True)
+        steps = self.running[0][0] - self.counter
+        decodes = len(self.running)
+        if decodes * steps > self.kv_capacity - self.kv_used and decodes + len(self.prefilling) > 1:
+            steps = (self.kv_capacity - self.kv_used) / decodes
+        self._at(now + max(steps, 0.0) * self.decode_step_s, force=True)
 
     def _start_step(self, now: float) -> bool:
-        """Start a prompt step now if any prompt can run; False when none can (no seat or KV room)."""
+        """Start a prompt step now if any prompt can run; False when none can (no seat or KV room).
+
+        The budget goes in rank order over the admitted prompts and the waiting heads: a head that
+        outranks the next admitted prompt is admitted (displacing lower-ranked sequences if it must)
+        and served first."""
         decodes = len(self.running)
         profile = self.profile
         # The adaptive budget only where the profile has one (_budget); else the whole budget, inline:
@@ -254,19 +282,23 @@ class GpuEngine(ModelLifecycle):
         adaptive = profile.itl_min_efficiency is not None
         budget = self._budget(decodes) if adaptive else profile.token_budget - decodes
         chunk: list[tuple[Request, int]] = []
-        for request in self.prefilling:
-            if budget <= 0:
+        prefilling = self.prefilling
+        served = 0  # prefilling[:served] are in the chunk
+        head = self._head()
+        while budget > 0:
+            following = prefilling[served] if served < len(prefilling) else None
+            if head is not None and (following is None or head.priority < following.priority):
+                if head.priority >= self.floor or self._admit(served, displace=True) is None:
+                    head = None  # head of line: nothing behind it goes first
+                    continue
+                following = head  # admitted into prefilling[served], ranked before the rest
+                head = self._head()
+            if following is None:
                 break
-            take = request.to_prefill if request.to_prefill < budget else budget
-            chunk.append((request, take))
+            take = following.to_prefill if following.to_prefill < budget else budget
+            chunk.append((following, take))
             budget -= take
-        while budget > 0 and self.num_waiting:
-            admitted = self._admit()
-            if admitted is None:
-                break
-            take = admitted.to_prefill if admitted.to_prefill < budget else budget
-            chunk.append((admitted, take))
-            budget -= take
+            served += 1
         if not chunk:
             return False
         costs, context_of = self.costs, self.context
@@ -280,7 +312,7 @@ class GpuEngine(ModelLifecycle):
         prompt_s = 0.0
         for request, tokens in chunk:
             cost = costs[request.model]
-            context = request.prompt - request.to_prefill + tokens
+            context = request.prompt + request.generated - request.to_prefill + tokens
             prompt_s += tokens * (cost.per_prefill_token_s + cost.per_prefill_attention_s * context)
             active.add(request.model)
         self.prefill_compute_s += prompt_s
@@ -310,35 +342,127 @@ class GpuEngine(ModelLifecycle):
         latency = [r for r in self.prefilling if r.priority < 2] + [*self.waiting[0], *self.waiting[1]]
         in_play = bool(latency) or any(r.priority < 2 for _, _, r in self.running)
         top = min((r.priority for r in latency), default=None)
-        own = sum(r.to_prefill if r in self.prefilling else r.prompt for r in latency if r.priority == top)
+        own = sum(
+            r.to_prefill if r in self.prefilling else r.prompt + r.generated
+            for r in latency
+            if r.priority == top
+        )
         decoder = self._decoder_cost
         assert decoder is not None  # a GPU with a prompt to run holds a decoder
         return prompt_budget(full, decodes, fixed or decoder.base_s, decoder, share, in_play, own)
 
-    def _admit(self) -> Request | None:
-        """The first waiting prompt in policy order, admitted, if it fits; None if it must wait."""
+    def _head(self) -> Request | None:
+        """The first waiting prompt in policy order; None when none waits."""
+        if not self.num_waiting:
+            return None
+        return next(q for q in self.waiting if q)[0]
+
+    def _admit(self, unserved: int, displace: bool) -> Request | None:
+        """The first waiting prompt in policy order, admitted into prefilling[unserved] if it fits (with
+        displace, after preempting lower-ranked sequences not served this step until it does); None
+        if it must wait."""
         queue = next(q for q in self.waiting if q)
         request = queue[0]
-        reserve = request.prompt + request.output
-        if self.num_running >= self.profile.max_running or self.kv_used + reserve > self.kv_capacity:
-            return None
-        queue.popleft()
-        self.num_waiting -= 1
-        self.batch_running += request.priority == 2
-        self.kv_used += reserve
+        profile = self.profile
+        tokens = request.prompt + request.generated  # a preempted request recomputes what it streamed
+        batch = request.priority == 2
+        need = tokens + min(max(request.output - request.generated, 0), profile.expected_output_tokens)
+        reserve = profile.kv_watermark + (profile.latency_reserve if batch else 0.0)
+        seats = profile.max_running - (int(profile.latency_reserve * profile.max_running) if batch else 0)
+        while self.num_running and (
+            self.num_running >= seats or need + reserve * self.kv_capacity > self.kv_capacity - self.kv_used
+        ):
+            # Only a worse class can be displaced: none below batch, and below agent only batch (a scan of
+            # the running set at every step of a full GPU would cost more than the rest of the step).
+            if not displace or batch or (request.priority == 1 and not self.batch_running):
+                return None
+            victim = self._victim(unserved)
+            if victim is None or victim.priority <= request.priority:
+                return None
+            self._preempt(victim)
         cache = self.cache
-        cache.make_room(self.kv_capacity - self.kv_used)
         hit = cache.longest(request.conversation, request.tools)
         if hit:
+            cache.touch(request.conversation, request.tools)  # attached first: eviction spares it
+        queue.popleft()
+        self.num_waiting -= 1
+        self.batch_running += batch
+        self.admits += 1
+        request.admit_no = self.admits
+        self.kv_prompts += tokens
+        self.kv_used += tokens
+        cache.make_room(int(self.kv_capacity - self.kv_used))
+        if hit:
             self.prefix_hits += 1
-            cache.touch(request.conversation, request.tools)
-        request.cached = min(hit, request.prompt - 1)
-        request.to_prefill = request.prompt - request.cached
-        self.prefix_tokens_saved += request.cached
-        cache.remember(request.tools, request.tools_tokens, self.kv_capacity - self.kv_used)
-        self.prefilling.append(request)
-        self.prefilling.sort(key=_priority)
+        cached = min(hit, tokens - 1)
+        request.to_prefill = tokens - cached
+        self.prefix_tokens_saved += cached
+        if request.generated:
+            self.recomputed_tokens += request.to_prefill
+        else:
+            request.cached = cached  # of its prompt (a resumed request's hit also covers what it streamed)
+        cache.remember(request.tools, request.tools_tokens, int(self.kv_capacity - self.kv_used))
+        # Ranked after every admitted prompt of its class and better (they were admitted earlier).
+        at = len(self.prefilling)
+        while at > unserved and self.prefilling[at - 1].priority > request.priority:
+            at -= 1
+        self.prefilling.insert(at, request)
         return request
+
+    def _victim(self, unserved: int) -> Request | None:
+        """The lowest-ranked sequence not served this step (prefilling[unserved:] and the decodes): the
+        worst class, the most recently admitted within it."""
+        worst: Request | None = None
+        for request in self.prefilling[unserved:]:
+            if worst is None or (request.priority, request.admit_no) > (worst.priority, worst.admit_no):
+                worst = request
+        for _, _, request in self.running:
+            if worst is None or (request.priority, request.admit_no) > (worst.priority, worst.admit_no):
+                worst = request
+        return worst
+
+    def _relieve(self) -> None:
+        """The pool cannot take the decodes' next tokens: preempt the lowest-ranked sequences until it
+        can, never the last one (alone, a sequence always gets on)."""
+        running = self.running
+        while self.kv_capacity - self.kv_used < len(running) and len(running) + len(self.prefilling) > 1:
+            victim = self._victim(0)
+            assert victim is not None
+            self._preempt(victim)
+
+    def _preempt(self, request: Request) -> None:
+        """Drop request's KV and queue it again at the head of its class, to recompute its prompt and what
+        it streamed; its blocks stay in the prefix cache while nothing else needs them."""
+        if request in self.prefilling:
+            self.prefilling.remove(request)
+            tokens = request.prompt + request.generated
+            self.kv_prompts -= tokens
+            held = tokens - request.to_prefill  # what its prompt steps computed so far
+        else:
+            self.running.remove((request.finish_counter, request.id, request))
+            heapq.heapify(self.running)
+            steps = self.counter - request.join_counter
+            held = request.prompt + request.generated - 1 + int(steps + _DONE_TOLERANCE)
+            self.context[request.model] -= request.prompt + request.generated - 1 + steps
+            self.rows[request.model] -= 1
+            if not self.rows[request.model]:
+                self.context[request.model] = 0.0
+            request.generated += int(steps + _DONE_TOLERANCE)
+        self._sync_kv()
+        self.batch_running -= request.priority == 2
+        self.preemptions += 1
+        request.preemptions += 1
+        self.floor = min(self.floor, request.priority)
+        self.waiting[request.priority].appendleft(request)
+        self.num_waiting += 1
+        self.cache.remember(request.conversation, held, int(self.kv_capacity - self.kv_used))
+
+    def _sync_kv(self) -> None:
+        """kv_used from its parts (the fluid's increments drift by rounding)."""
+        held = float(self.kv_prompts)
+        for tokens in self.context.values():
+            held += tokens
+        self.kv_used = held
 
     def _end_step(self, now: float) -> None:
         if self.running:
@@ -346,27 +470,41 @@ class GpuEngine(ModelLifecycle):
             for model, rows in self.rows.items():
                 if rows:
                     self.context[model] += rows
+            self.kv_used += len(self.running)
         for request, tokens in self.step:
             request.to_prefill -= tokens
             if request.to_prefill > 0:
                 continue
             self.prefilling.remove(request)
-            request.first_token_s = now
-            if request.output <= 1:
-                self._finish(request, now)
-            else:
+            if self._prefilled(request, now):
                 self._join(request)
         for request in self.joining:
             self._join(request)
         self.step = []
         self.joining = []
 
+    def _prefilled(self, request: Request, now: float) -> bool:
+        """request's prompt is computed and a token comes out at now (its first, unless it resumes after
+        a preemption); True when it has more to decode, else it is finished."""
+        if request.first_token_s < 0.0:
+            request.first_token_s = now
+        request.generated += 1
+        if request.generated < request.output:
+            return True
+        self.kv_prompts -= request.prompt + request.generated - 1
+        self._sync_kv()
+        self._finish(request, now)
+        return False
+
     def _join(self, request: Request) -> None:
-        """A request whose first token is out decodes from here on."""
-        request.finish_counter = self.counter + request.output - 1
+        """A request with a token out decodes from here on; its prompt's KV is now a decode's context."""
+        request.join_counter = self.counter
+        request.finish_counter = self.counter + request.output - request.generated
         heapq.heappush(self.running, (request.finish_counter, request.id, request))
+        held = request.prompt + request.generated - 1
+        self.kv_prompts -= held
         self.rows[request.model] += 1
-        self.context[request.model] += request.prompt
+        self.context[request.model] += held
 
     def _complete_finished(self, now: float) -> None:
         running = self.running
@@ -376,17 +514,15 @@ class GpuEngine(ModelLifecycle):
             self.context[request.model] -= request.prompt + request.output - 1
             if not self.rows[request.model]:
                 self.context[request.model] = 0.0  # no drift from fluid rounding
+            request.generated = request.output
+            self._sync_kv()
             self._finish(request, now)
 
     def _finish(self, request: Request, now: float) -> None:
+        """request is done and its KV already released."""
         request.done_s = now
         self.batch_running -= request.priority == 2
         self.decoded_tokens += request.output
-        self.kv_used -= request.prompt + request.output
-        room = self.kv_capacity - self.kv_used
+        room = int(self.kv_capacity - self.kv_used)
         self.cache.remember(request.conversation, request.prompt + request.output, room)
         self._on_done(request)
-
-
-def _priority(request: Request) -> int:
-    return request.priority

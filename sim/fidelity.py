@@ -80,6 +80,8 @@ class Served:
     output: int
     status: str = "OK"
     cached: int = 0  # prompt tokens served from the prefix cache
+    preemptions: int = 0  # times its KV was dropped and recomputed (the simulated side's; the real
+    # side's are counted per class by the workers' Prometheus counter)
 
 
 def make_trace(plan: FidelityPlan, conversations: list[Conversation]) -> Trace:
@@ -119,10 +121,19 @@ def simulate(
             prompt=r.prompt,
             output=r.output,
             cached=r.cached,
+            preemptions=r.preemptions,
         )
         for r in replay.completed
     ]
     return served, sim
+
+
+def preemptions_by_class(served: Iterable[Served]) -> dict[str, int]:
+    """Preemptions of the served requests, per class (lower-case names, as the JSON's classes)."""
+    found = dict.fromkeys((wc.name.lower() for wc in WorkloadClass if wc != WorkloadClass.UNSPECIFIED), 0)
+    for s in served:
+        found[s.workload.name.lower()] += s.preemptions
+    return found
 
 
 def offered_load(sim: Simulation) -> float:

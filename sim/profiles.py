@@ -20,6 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.worker.engine.policy.classes import PolicyConfig
+from services.worker.engine.scheduler_config import SchedulerConfig
+
+# The worker's admission defaults, which every simulated engine follows (its adaptive policy).
+_POLICY = PolicyConfig()
+
 
 @dataclass(frozen=True)
 class ModelCost:
@@ -76,6 +82,14 @@ class GpuProfile:
     # How long an encoder request waits for a busy decoder to let it run; None: preempt_granularity_s
     # (on a GPU the encoder's kernels queue behind the decoder's up to a layer boundary).
     encoder_wait_s: float | None = None
+    # The worker's admission rule (scheduler.py, _admit): a prompt is admitted when its KV, plus this
+    # many tokens of expected output (or its whole output if shorter), plus the watermark's share of the
+    # pool and, for batch, the latency reserve's share, is free; batch also leaves the reserve's share
+    # of the seats. KV then grows a token per decode, and when it runs out the lowest-ranked sequence
+    # is preempted (recomputed later).
+    expected_output_tokens: int = _POLICY.expected_output_tokens
+    latency_reserve: float = _POLICY.latency_reserve
+    kv_watermark: float = SchedulerConfig.watermark
 
     @property
     def encoder_wait(self) -> float:

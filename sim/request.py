@@ -22,6 +22,7 @@ class Request:
     would hash from the prompt's leading tokens for the placer."""
 
     __slots__ = (
+        "admit_no",
         "arrival_s",
         "cached",
         "caller_zone",
@@ -30,10 +31,13 @@ class Request:
         "finish_counter",
         "first_token_s",
         "follow_up",
+        "generated",
         "gpu",
         "id",
+        "join_counter",
         "model",
         "output",
+        "preemptions",
         "prefix_hash",
         "priority",
         "prompt",
@@ -77,3 +81,10 @@ class Request:
         self.first_token_s = -1.0
         self.done_s = -1.0
         self.finish_counter = 0.0
+        # Where the engine has it (sim/engine_model.py): tokens streamed so far (a preempted request
+        # recomputes its prompt and these, then streams the rest), its place in the running set's order,
+        # the decode-step counter it started decoding at, and how often it was preempted.
+        self.generated = 0
+        self.admit_no = 0
+        self.join_counter = 0.0
+        self.preemptions = 0

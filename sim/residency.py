@@ -113,7 +113,7 @@ class ModelLifecycle:
     waiting: tuple[deque[Request], ...]
     prefilling: list[Request]
     joining: list[Request]
-    kv_used: int
+    kv_used: float
     kv_bytes_per_token: int
     kv_capacity: int
     unweighted_bytes: float

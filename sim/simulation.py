@@ -296,6 +296,10 @@ class Simulation:
             "cross_zone_requests": sum(r.cross_zone for r in self.classes.values()),
             "prefix_hits": sum(e.prefix_hits for e in engines),
             "prefix_tokens_saved": sum(e.prefix_tokens_saved for e in engines),
+            # Sequences whose KV was dropped (a better-ranked prompt needed the seat or blocks, or the pool
+            # ran out) and the prompt tokens computed again for them.
+            "preemptions": sum(e.preemptions for e in engines),
+            "recomputed_tokens": sum(e.recomputed_tokens for e in engines),
             "retries": {"not_found": self.not_found, "resource_exhausted": self.exhausted},
             "model_loads": self.workers.summary(),
             "replica_planner": None if self.planner is None else self.planner.summary(),

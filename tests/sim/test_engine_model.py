@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
+import random
 from dataclasses import replace
 
 import pytest
@@ -50,8 +52,16 @@ class Loop:
 
     def run_until(self, t_end: float) -> None:
         while self.events and self.events[0][0] <= t_end:
-            when, _, engine, version = heapq.heappop(self.events)
-            engine.on_event(when, version)
+            self.next()
+
+    def run_to_preemption(self) -> None:
+        """Run events until the engine has preempted a sequence."""
+        while self.engine.preemptions == 0 and self.events:
+            self.next()
+
+    def next(self) -> None:
+        when, _, engine, version = heapq.heappop(self.events)
+        engine.on_event(when, version)
 
 
 _ids = itertools.count(1)
@@ -91,19 +101,52 @@ def test_a_chat_prompt_arriving_mid_prompt_step_runs_nested() -> None:
     assert doc.first_token_s == pytest.approx(0.010 + 0.2 + nested)  # its step took the nested one longer
 
 
-def test_waiting_prompts_go_in_class_order_when_seats_are_short() -> None:
+def test_a_chat_prompt_finding_every_seat_taken_displaces_the_latest_batch_admission() -> None:
     loop = Loop()
-    running = [request(0.0, 10, 1000 + 10 * i, WorkloadClass.BATCH) for i in range(PROFILE.max_running)]
+    running = [
+        request(0.0, 10, 1000 + 10 * i, WorkloadClass.BATCH, conversation=100 + i)
+        for i in range(PROFILE.max_running)
+    ]
     for r in running:
         loop.engine.enqueue(r, 0.0)
     loop.run_until(0.5)
     late_batch = request(0.5, 10, 2, WorkloadClass.BATCH)
     chat = request(0.6, 10, 2)
-    loop.engine.enqueue(late_batch, 0.5)
+    loop.engine.enqueue(late_batch, 0.5)  # no seat, and it outranks nothing: it waits
     loop.engine.enqueue(chat, 0.6)
+    loop.run_to_preemption()
+    victim = running[-1]  # the worst ranked: batch, admitted last
+    assert victim.preemptions == 1 and victim in loop.engine.waiting[2]
+    streamed = victim.generated
+    assert 0 < streamed < victim.output
+    loop.run_until(1000.0)
+    assert sum(r.preemptions for r in running) == 1 and loop.engine.preemptions == 1
+    first_free = min(r.done_s for r in running[:-1])
+    assert chat.done_s < first_free  # it did not wait for a seat
+    # The victim went back to the head of the batch queue: it is admitted again before the late one, its
+    # first token time is kept, and its recompute hit its own blocks, still cached: only the last token
+    # it streamed (never written to KV) is computed again.
+    assert victim.admit_no < late_batch.admit_no
+    assert victim.first_token_s < 0.5 and victim.done_s > 0 and victim.generated == victim.output
+    assert loop.engine.recomputed_tokens == 1 and victim.cached == 0  # cached: its prompt's, at first
+    assert loop.engine.kv_used == pytest.approx(0.0) and loop.engine.kv_prompts == 0
+
+
+def test_a_chat_prompt_arriving_mid_step_runs_nested_only_in_a_free_seat() -> None:
+    """Nothing running is displaced while a step executes: with every seat taken the chat prompt waits
+    for the step's end, then takes the latest batch admission's seat."""
+    loop = Loop()
+    docs = [request(0.0, 100, 50, WorkloadClass.BATCH) for _ in range(PROFILE.max_running)]
+    for r in docs:
+        loop.engine.enqueue(r, 0.0)
+    loop.run_until(0.0)
+    step_end = loop.engine.step_end  # the eight prompts in one step, every seat taken
+    assert step_end == pytest.approx(0.010 + 800 * 0.0001) and loop.engine.num_running == 8
+    chat = request(0.01, 100, 2)
+    loop.engine.enqueue(chat, 0.01)
     loop.run_until(100.0)
-    first_free = min(r.done_s for r in running)
-    assert first_free < chat.first_token_s < late_batch.first_token_s  # the first free seat: chat's
+    assert chat.first_token_s > step_end
+    assert docs[-1].preemptions == 1 and loop.engine.preemptions == 1
 
 
 def test_a_follow_up_turn_on_the_same_gpu_computes_only_its_new_tokens() -> None:
@@ -118,16 +161,91 @@ def test_a_follow_up_turn_on_the_same_gpu_computes_only_its_new_tokens() -> None
     assert second.first_token_s - 20.0 == pytest.approx(0.010 + 100 * 0.0001)
 
 
-def test_a_prompt_without_kv_room_waits_for_a_sequence_to_finish() -> None:
-    loop = Loop()
+_WEIGHTS = DECODER.weight_bytes + ENCODER.weight_bytes
+SMALL_POOL = replace(PROFILE, memory_bytes=int((_WEIGHTS + 10_000_000) / 0.9))  # ~10,000 KV tokens
+
+
+@pytest.mark.parametrize(
+    ("workload", "output", "share", "extra", "admitted"),
+    [
+        (WorkloadClass.BATCH, 1000, 0.11, 0, True),  # watermark 1% + latency reserve 10%
+        (WorkloadClass.BATCH, 1000, 0.11, 1, False),
+        (WorkloadClass.REALTIME_CHAT, 1000, 0.01, 0, True),  # the reserve is the latency classes'
+        (WorkloadClass.REALTIME_CHAT, 1000, 0.01, 1, False),
+        (WorkloadClass.AGENT_TOOL, 10, 0.01, 54, True),  # a 10-token output needs room for 10, not 64
+    ],
+)
+def test_admission_needs_room_for_the_prompt_its_expected_output_and_the_reserves(
+    workload: WorkloadClass, output: int, share: float, extra: int, admitted: bool
+) -> None:
+    """scheduler.py's rule: prompt + min(output, expected_output_tokens) + the watermark's share of the
+    pool, and for batch also the latency reserve's share, must be free."""
+    loop = Loop(replace(PROFILE, token_budget=200_000))  # every prompt in one step
     capacity = loop.engine.kv_capacity
-    big = request(0.0, prompt=capacity // 2, output=capacity // 2 - 10, workload=WorkloadClass.BATCH)
-    loop.engine.enqueue(big, 0.0)
-    loop.run_until(0.001)
-    small = request(0.001, prompt=100, output=20, workload=WorkloadClass.BATCH)
-    loop.engine.enqueue(small, 0.001)
+    first = request(0.0, prompt=50_000, output=1000)  # chat: admitted first, whatever comes second
+    fits = math.floor(capacity - 50_000 - 64 - share * capacity)
+    second = request(0.0, prompt=fits + extra, output=output, workload=workload)
+    loop.engine.enqueue(first, 0.0)
+    loop.engine.enqueue(second, 0.0)
+    loop.run_until(0.0)
+    assert first.admit_no > 0 and (second.admit_no > 0) == admitted and loop.engine.preemptions == 0
+
+
+def test_when_decodes_fill_the_pool_the_latest_admission_is_preempted_and_resumes_later() -> None:
+    loop = Loop(SMALL_POOL)
+    engine = loop.engine
+    capacity = engine.kv_capacity
+    first = request(0.0, prompt=1000, output=6000, workload=WorkloadClass.BATCH, conversation=1)
+    second = request(0.001, prompt=1000, output=6000, workload=WorkloadClass.BATCH, conversation=2)
+    engine.enqueue(first, 0.0)
+    engine.enqueue(second, 0.001)
+    while engine.preemptions == 0 and loop.events:
+        loop.next()
+        assert engine.kv_used <= capacity + 2  # one step's tokens past it at most
+    assert second.preemptions == 1 and first.preemptions == 0
+    streamed = second.generated
+    assert 3000 < streamed < 6000  # the two filled the pool about half way through their outputs
+    first_token = second.first_token_s
+    assert second in engine.waiting[2]
     loop.run_until(10_000.0)
-    assert small.first_token_s > big.done_s
+    assert first.done_s > 0 and second.done_s > first.done_s
+    assert second.first_token_s == first_token and second.generated == second.output
+    assert engine.recomputed_tokens == 1000 + streamed - second.cached > 0
+    assert engine.kv_used == pytest.approx(0.0) and engine.num_running == 0
+
+
+def test_a_lone_sequence_is_never_preempted_even_past_the_pool() -> None:
+    loop = Loop(SMALL_POOL)
+    alone = request(0.0, prompt=1000, output=2 * loop.engine.kv_capacity, workload=WorkloadClass.BATCH)
+    loop.engine.enqueue(alone, 0.0)
+    loop.run_until(1e6)
+    assert alone.done_s > 0 and alone.preemptions == 0
+
+
+def test_a_busy_mixed_load_conserves_every_token() -> None:
+    """Many requests of every class on a small pool: each is served once, whole, however often it was
+    preempted, and the pool is empty at the end."""
+    rng = random.Random(5)
+    loop = Loop(replace(SMALL_POOL, itl_min_efficiency=0.9, layers=30))
+    classes = list(WorkloadClass)[1:]  # every class but UNSPECIFIED
+    sent = []
+    t = 0.0
+    for k in range(300):
+        t += rng.expovariate(20.0)
+        wc = rng.choice(classes)
+        if wc == WorkloadClass.EMBEDDING:
+            r = request(t, rng.randint(5, 200), 0, wc, model="e")
+        else:
+            r = request(t, rng.randint(10, 3000), rng.randint(1, 800), wc, conversation=1 + k % 40)
+        loop.run_until(t)
+        loop.engine.enqueue(r, t)
+        sent.append(r)
+    loop.run_until(1e6)
+    engine = loop.engine
+    assert sorted(r.id for r in loop.done) == sorted(r.id for r in sent)
+    assert engine.preemptions > 0 and engine.decoded_tokens == sum(r.output for r in sent)
+    assert all(r.arrival_s <= r.first_token_s <= r.done_s and r.generated == r.output for r in sent)
+    assert engine.kv_used == pytest.approx(0.0, abs=1e-6) and engine.kv_prompts == 0
 
 
 def test_an_embedding_runs_at_once_beside_the_decodes() -> None:
