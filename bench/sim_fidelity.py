@@ -143,7 +143,8 @@ def serve_on_mesh(
             meta = {"mesh_ready_s": ready_s, "replay_wall_s": wall, "models": seen, "cpu_s": cpu}
             texts = _worker_metrics(up)
             meta["engine_steps"] = _engine_steps(texts)
-            meta["preemptions"] = {c: n - preempted_before[c] for c, n in _preemptions(texts).items()}
+            preempted = _preemptions(texts).items()
+            meta["preemptions"] = {c: n - preempted_before.get(c, 0.0) for c, n in preempted}
             # The dtype each worker's "auto" measured at its start (the calibration measured its own).
             logs = sorted(Path(root).glob("runs/*/worker-*.log"))
             meta["worker_dtypes"] = [_dtype_line(log.read_text()) for log in logs]
