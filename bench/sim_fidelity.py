@@ -21,13 +21,13 @@ import os
 import sys
 import tempfile
 import time
-import urllib.request
 from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.chaos_mesh import UpProcess
+from bench.fidelity_mesh_metrics import cpu_seconds, dtype_line, engine_steps, preemptions, worker_metrics
 from bench.fidelity_replay import Tokens, replay
 from bench.fidelity_steps import cut_logs, log_sizes, out_of_sample
 from bench.progress import log
@@ -127,9 +127,9 @@ def serve_on_mesh(
                 )
                 cut_logs(step_logs, before, steps / "calibration")
             before = log_sizes(step_logs)
-            preempted_before = _preemptions(_worker_metrics(up))
+            preempted_before = preemptions(worker_metrics(up))
             pids = {**up.services(), "client": os.getpid()}
-            cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
+            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             began = time.monotonic()
             for k in range(repeats):
                 log(f"replaying {trace.requests()} requests over {trace.duration_s:.0f} s, {k + 1}/{repeats}")
@@ -138,73 +138,20 @@ def serve_on_mesh(
             wall = time.monotonic() - began
             # Where the two cores went while the trace ran: the workers' share is what the calibration
             # measured alone; the rest is what the simulator does not model.
-            cpu = {name: round(_cpu_s(pid) - cpu_before[name], 2) for name, pid in pids.items()}
+            cpu = {name: round(cpu_seconds(pid) - cpu_before[name], 2) for name, pid in pids.items()}
             cut_logs(step_logs, before, steps / "evaluation")
             meta = {"mesh_ready_s": ready_s, "replay_wall_s": wall, "models": seen, "cpu_s": cpu}
-            texts = _worker_metrics(up)
-            meta["engine_steps"] = _engine_steps(texts)
-            preempted = _preemptions(texts).items()
+            texts = worker_metrics(up)
+            meta["engine_steps"] = engine_steps(texts)
+            preempted = preemptions(texts).items()
             meta["preemptions"] = {c: n - preempted_before.get(c, 0.0) for c, n in preempted}
             # The dtype each worker's "auto" measured at its start (the calibration measured its own).
             logs = sorted(Path(root).glob("runs/*/worker-*.log"))
-            meta["worker_dtypes"] = [_dtype_line(log.read_text()) for log in logs]
+            meta["worker_dtypes"] = [dtype_line(log.read_text()) for log in logs]
         finally:
             meta_code = up.stop()
         meta["mesh_exit_code"] = meta_code
     return served, meta, calibration_served
-
-
-def _cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) the process has used, from /proc; 0 once it is gone."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _worker_metrics(up: UpProcess) -> dict[str, str]:
-    """Each worker's Prometheus text, by its name in the process table (service, pid, address, metrics
-    port, detail)."""
-    texts: dict[str, str] = {}
-    for _, line in up.lines:
-        cells = line.split()
-        if len(cells) < 4 or not cells[0].startswith("worker-") or not cells[3].isdigit():
-            continue
-        with urllib.request.urlopen(f"http://127.0.0.1:{cells[3]}/metrics", timeout=5) as reply:
-            texts[cells[0]] = reply.read().decode()
-    return texts
-
-
-def _engine_steps(texts: dict[str, str]) -> dict[str, dict[str, float]]:
-    """Each worker's engine steps by the token budget its policy chose (its Prometheus counter, warm-up
-    included): how finely the real engine cut the work the simulator runs in full-budget steps."""
-    found: dict[str, dict[str, float]] = {}
-    for worker, text in texts.items():
-        steps: dict[str, float] = {}
-        for row in text.splitlines():
-            if row.startswith("hanzo_worker_engine_steps_total{") and f'model_name="{CHAT_MODEL}"' in row:
-                budget = row.split('budget="', 1)[1].split('"', 1)[0]
-                steps[budget] = float(row.rsplit(" ", 1)[1])
-        found[worker] = dict(sorted(steps.items(), key=lambda kv: int(kv[0])))
-    return found
-
-
-def _preemptions(texts: dict[str, str]) -> dict[str, float]:
-    """Sequences the workers' engines preempted so far, by the preempted one's class (lower-case)."""
-    found = {wc.name.lower(): 0.0 for wc in WorkloadClass if wc != WorkloadClass.UNSPECIFIED}
-    for text in texts.values():
-        for row in text.splitlines():
-            if row.startswith("hanzo_worker_num_preemptions_total{") and f'model_name="{CHAT_MODEL}"' in row:
-                workload = row.split('workload_class="', 1)[1].split('"', 1)[0].lower()
-                found[workload] = found.get(workload, 0.0) + float(row.rsplit(" ", 1)[1])
-    return found
-
-
-def _dtype_line(text: str) -> str:
-    """What "auto" chose for each model the worker loaded, in load order (its log's dtype lines)."""
-    marker = "dtype auto -> "
-    return ",".join(line.split(marker, 1)[1].split()[0] for line in text.splitlines() if marker in line)
 
 
 def _warm_up(trace: Trace) -> Trace:

@@ -35,22 +35,21 @@ import math
 from collections import deque
 from collections.abc import Callable
 
+from sim.admission import DONE_TOLERANCE, NO_VICTIM, Admission
 from sim.prefix_cache import PrefixCache
 from sim.profiles import GpuProfile, ModelCost
 from sim.request import Request
-from sim.residency import ModelLifecycle, Residency
+from sim.residency import Residency
 from sim.step_budget import BUDGET_STEP, prompt_budget
 
 IDLE, DECODE, STEP = 0, 1, 2
 _EPS = 1e-9
-_DONE_TOLERANCE = 1e-6  # a sequence whose finish counter is this close to the counter is done
 _INF = math.inf
-_NO_VICTIM = 3  # above every class's priority: nothing was preempted at this event
 
 Schedule = Callable[[float, "GpuEngine", int], None]
 
 
-class GpuEngine(ModelLifecycle):
+class GpuEngine(Admission):
     """schedule(time, engine, version): asks the event loop to call on_event(time, version) then;
     on_done(request): a request's last token (or its embedding) is out. models: resident at the start;
     host_copies: others the worker can reload from host memory (sim/residency.py)."""
@@ -88,7 +87,7 @@ class GpuEngine(ModelLifecycle):
         self.kv_prompts = 0  # KV of admitted sequences not decoding yet (what their prompt steps compute)
         self.kv_used = 0.0  # kv_prompts + the decodes' context, as of the last event
         self.admits = 0
-        self.floor = _NO_VICTIM  # the best-ranked class preempted at this event: only better ones come in
+        self.floor = NO_VICTIM  # the best-ranked class preempted at this event: only better ones come in
         self.cache = PrefixCache()
         self.step: list[tuple[Request, int]] = []
         self.joining: list[Request] = []  # first token out in a nested step; decoding from the step's end
@@ -184,13 +183,13 @@ class GpuEngine(ModelLifecycle):
         if version != self.version:
             return  # superseded by a later schedule
         self.next_event = _INF
-        self.floor = _NO_VICTIM
+        self.floor = NO_VICTIM
         self.advance(now)
         # Decodes grew into free blocks since the last event: the cached prefixes there are gone.
         self.cache.make_room(int(self.kv_capacity - self.kv_used))
         if self.mode == STEP:
             self._end_step(now)
-        if self.running and self.running[0][0] <= self.counter + _DONE_TOLERANCE:
+        if self.running and self.running[0][0] <= self.counter + DONE_TOLERANCE:
             self._complete_finished(now)
         if self.running and self.kv_capacity - self.kv_used < len(self.running):
             self._relieve()
@@ -229,10 +228,6 @@ class GpuEngine(ModelLifecycle):
         elif self.mode == STEP:
             self.busy_prefill_s += elapsed
         self.t = now
-
-    @property
-    def num_running(self) -> int:
-        return len(self.running) + len(self.prefilling) + len(self.joining)
 
     def kv_usage(self) -> float:
         return min(self.kv_used / self.kv_capacity, 1.0) if self.kv_capacity else 1.0
@@ -351,119 +346,6 @@ class GpuEngine(ModelLifecycle):
         assert decoder is not None  # a GPU with a prompt to run holds a decoder
         return prompt_budget(full, decodes, fixed or decoder.base_s, decoder, share, in_play, own)
 
-    def _head(self) -> Request | None:
-        """The first waiting prompt in policy order; None when none waits."""
-        if not self.num_waiting:
-            return None
-        return next(q for q in self.waiting if q)[0]
-
-    def _admit(self, unserved: int, displace: bool) -> Request | None:
-        """The first waiting prompt in policy order, admitted into prefilling[unserved] if it fits (with
-        displace, after preempting lower-ranked sequences not served this step until it does); None
-        if it must wait."""
-        queue = next(q for q in self.waiting if q)
-        request = queue[0]
-        profile = self.profile
-        tokens = request.prompt + request.generated  # a preempted request recomputes what it streamed
-        batch = request.priority == 2
-        need = tokens + min(max(request.output - request.generated, 0), profile.expected_output_tokens)
-        reserve = profile.kv_watermark + (profile.latency_reserve if batch else 0.0)
-        seats = profile.max_running - (int(profile.latency_reserve * profile.max_running) if batch else 0)
-        while self.num_running and (
-            self.num_running >= seats or need + reserve * self.kv_capacity > self.kv_capacity - self.kv_used
-        ):
-            # Only a worse class can be displaced: none below batch, and below agent only batch (a scan of
-            # the running set at every step of a full GPU would cost more than the rest of the step).
-            if not displace or batch or (request.priority == 1 and not self.batch_running):
-                return None
-            victim = self._victim(unserved)
-            if victim is None or victim.priority <= request.priority:
-                return None
-            self._preempt(victim)
-        cache = self.cache
-        hit = cache.longest(request.conversation, request.tools)
-        if hit:
-            cache.touch(request.conversation, request.tools)  # attached first: eviction spares it
-        queue.popleft()
-        self.num_waiting -= 1
-        self.batch_running += batch
-        self.admits += 1
-        request.admit_no = self.admits
-        self.kv_prompts += tokens
-        self.kv_used += tokens
-        cache.make_room(int(self.kv_capacity - self.kv_used))
-        if hit:
-            self.prefix_hits += 1
-        cached = min(hit, tokens - 1)
-        request.to_prefill = tokens - cached
-        self.prefix_tokens_saved += cached
-        if request.generated:
-            self.recomputed_tokens += request.to_prefill
-        else:
-            request.cached = cached  # of its prompt (a resumed request's hit also covers what it streamed)
-        cache.remember(request.tools, request.tools_tokens, int(self.kv_capacity - self.kv_used))
-        # Ranked after every admitted prompt of its class and better (they were admitted earlier).
-        at = len(self.prefilling)
-        while at > unserved and self.prefilling[at - 1].priority > request.priority:
-            at -= 1
-        self.prefilling.insert(at, request)
-        return request
-
-    def _victim(self, unserved: int) -> Request | None:
-        """The lowest-ranked sequence not served this step (prefilling[unserved:] and the decodes): the
-        worst class, the most recently admitted within it."""
-        worst: Request | None = None
-        for request in self.prefilling[unserved:]:
-            if worst is None or (request.priority, request.admit_no) > (worst.priority, worst.admit_no):
-                worst = request
-        for _, _, request in self.running:
-            if worst is None or (request.priority, request.admit_no) > (worst.priority, worst.admit_no):
-                worst = request
-        return worst
-
-    def _relieve(self) -> None:
-        """The pool cannot take the decodes' next tokens: preempt the lowest-ranked sequences until it
-        can, never the last one (alone, a sequence always gets on)."""
-        running = self.running
-        while self.kv_capacity - self.kv_used < len(running) and len(running) + len(self.prefilling) > 1:
-            victim = self._victim(0)
-            assert victim is not None
-            self._preempt(victim)
-
-    def _preempt(self, request: Request) -> None:
-        """Drop request's KV and queue it again at the head of its class, to recompute its prompt and what
-        it streamed; its blocks stay in the prefix cache while nothing else needs them."""
-        if request in self.prefilling:
-            self.prefilling.remove(request)
-            tokens = request.prompt + request.generated
-            self.kv_prompts -= tokens
-            held = tokens - request.to_prefill  # what its prompt steps computed so far
-        else:
-            self.running.remove((request.finish_counter, request.id, request))
-            heapq.heapify(self.running)
-            steps = self.counter - request.join_counter
-            held = request.prompt + request.generated - 1 + int(steps + _DONE_TOLERANCE)
-            self.context[request.model] -= request.prompt + request.generated - 1 + steps
-            self.rows[request.model] -= 1
-            if not self.rows[request.model]:
-                self.context[request.model] = 0.0
-            request.generated += int(steps + _DONE_TOLERANCE)
-        self._sync_kv()
-        self.batch_running -= request.priority == 2
-        self.preemptions += 1
-        request.preemptions += 1
-        self.floor = min(self.floor, request.priority)
-        self.waiting[request.priority].appendleft(request)
-        self.num_waiting += 1
-        self.cache.remember(request.conversation, held, int(self.kv_capacity - self.kv_used))
-
-    def _sync_kv(self) -> None:
-        """kv_used from its parts (the fluid's increments drift by rounding)."""
-        held = float(self.kv_prompts)
-        for tokens in self.context.values():
-            held += tokens
-        self.kv_used = held
-
     def _end_step(self, now: float) -> None:
         if self.running:
             self.counter += 1.0
@@ -508,7 +390,7 @@ class GpuEngine(ModelLifecycle):
 
     def _complete_finished(self, now: float) -> None:
         running = self.running
-        while running and running[0][0] <= self.counter + _DONE_TOLERANCE:
+        while running and running[0][0] <= self.counter + DONE_TOLERANCE:
             _, _, request = heapq.heappop(running)
             self.rows[request.model] -= 1
             self.context[request.model] -= request.prompt + request.output - 1

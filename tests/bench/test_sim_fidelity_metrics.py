@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from bench.sim_fidelity import _preemptions
+from bench.fidelity_mesh_metrics import preemptions
 from services.common.workload import WorkloadClass
 from services.worker.server.metrics import WorkerMetrics
 from sim.fidelity import CHAT_MODEL, Served, preemptions_by_class
@@ -19,7 +19,7 @@ def test_the_chat_models_preemptions_are_summed_per_class_over_the_workers() -> 
         metrics.preemptions.labels(CHAT_MODEL, "REALTIME_CHAT").inc(chat)
         metrics.preemptions.labels("another-model", "BATCH").inc(100)  # not the trace's decoder
         texts[worker] = generate_latest(metrics.registry).decode()
-    found = _preemptions(texts)
+    found = preemptions(texts)
     assert found == {"realtime_chat": 1.0, "agent_tool": 0.0, "batch": 7.0, "embedding": 0.0}
 
 
