@@ -74,10 +74,10 @@ async def replay(
                     history = history + tokens.ids((s.index, k), turn.new_tokens)
                     result, generated = await _generate(stub, metadata, s, k, history, turn.output)
                     history = history + generated
-                status, ttft, took, prompt, output, cached = result
+                status, ttft, took, prompt, output, cached, node = result
                 record = Served(
                     s.workload, s.index, k, sent, ttft, None if took is None else sent + took, prompt, output,
-                    status, cached,
+                    status, cached, node=node,
                 )  # fmt: skip
                 served.append(record)
                 on_done(record)
@@ -88,8 +88,9 @@ async def replay(
     return served
 
 
-# status, ttft, e2e, prompt tokens, output tokens, prompt tokens the worker's prefix cache served
-Result = tuple[str, float | None, float | None, int, int, int]
+# status, ttft, e2e, prompt tokens, output tokens, prompt tokens the worker's prefix cache served, the
+# worker that served it (the gateway's node_id; "" where none answered)
+Result = tuple[str, float | None, float | None, int, int, int, str]
 
 
 async def _generate(
@@ -110,18 +111,20 @@ async def _generate(
     generated: list[int] = []
     ttft = None
     cached = 0
+    node = ""
     t0 = time.perf_counter()
     try:
         async for message in stub.Generate(request, metadata=metadata, timeout=_TIMEOUT_S):
             if message.token_ids and ttft is None:
                 ttft = time.perf_counter() - t0
+            node = node or message.node_id
             generated += message.token_ids
             if message.finish_reason:
                 cached = message.usage.cached_prompt_tokens
     except grpc.aio.AioRpcError as error:
-        return (error.code().name, None, None, len(prompt), len(generated), 0), generated
+        return (error.code().name, None, None, len(prompt), len(generated), 0, node), generated
     status = "OK" if len(generated) == max_tokens else "TOKEN_MISMATCH"
-    return (status, ttft, time.perf_counter() - t0, len(prompt), len(generated), cached), generated
+    return (status, ttft, time.perf_counter() - t0, len(prompt), len(generated), cached, node), generated
 
 
 async def _embed(
@@ -137,8 +140,8 @@ async def _embed(
             inference_pb2.EmbedRequest(model=s.model, inputs=[text]), metadata=metadata, timeout=_TIMEOUT_S
         )
     except grpc.aio.AioRpcError as error:
-        return error.code().name, None, None, 0, 0, 0
+        return error.code().name, None, None, 0, 0, 0, ""
     took = time.perf_counter() - t0
     expected = s.prompt(k)
     status = "OK" if reply.usage.prompt_tokens == expected else "TOKEN_MISMATCH"
-    return status, took, took, reply.usage.prompt_tokens, 0, 0
+    return status, took, took, reply.usage.prompt_tokens, 0, 0, reply.node_id

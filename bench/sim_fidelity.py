@@ -43,12 +43,14 @@ from sim.fidelity import (
     Served,
     class_metrics,
     headline,
+    load_scale_of,
     make_trace,
     mesh_workload,
     offered_load,
     pooled_metrics,
     preemptions_by_class,
     relative_errors,
+    routing_shares,
     simulate,
     weighted,
 )
@@ -82,6 +84,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--repeats", type=int, default=1,
         help="serve the trace this many times on the real mesh, each with prompts of other token ids "
         "(no cache hits across repeats); the real figures pool them, and their spread is reported",
+    )  # fmt: skip
+    parser.add_argument(
+        "--load-scale", type=float, default=None,
+        help="every class's session rate times this (default 1: the mesh scale's rates); the offered "
+        "load moves with it, the mix stays",
     )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sim-only", action="store_true", help="only the simulated side (sizing the trace)")
@@ -193,6 +200,7 @@ def run_fidelity(
     sim_offline = class_metrics(sim_served, trace.duration_s)
     result: dict[str, object] = {
         "window_s": trace.duration_s,
+        "load_scale": load_scale_of(plan.workload),
         "seed": plan.seed,
         "requests": trace.requests(),
         "trace_totals": {wc.name.lower(): t for wc, t in trace.totals().items()},
@@ -297,6 +305,12 @@ def run_fidelity(
             "real_per_repeat": {c: n / repeats for c, n in meta["preemptions"].items()},  # type: ignore[attr-defined]
             "sim": preemptions_by_class(sim_served),
         },
+        # Each class's requests per worker: where the placer sent them in each real repeat and in the
+        # simulation (the same code, deciding on what each side's timing shows it).
+        routing={
+            "real_repeats": [routing_shares(run) for run in real_runs],
+            "sim": routing_shares(sim_served),
+        },
         target=TARGET,
         mesh=meta,
         failed_real=sum(1 for s in real_served if s.status != "OK"),
@@ -325,7 +339,7 @@ def resimulate(last: Path) -> dict[str, object]:
     serving = json.loads(json.dumps(offline))
     for model, coefficients in fitted["coefficients"].items():
         serving["models"][model]["coefficients"] = coefficients
-    plan = FidelityPlan(mesh_workload(run["window_s"]), seed=run["seed"])
+    plan = FidelityPlan(mesh_workload(run["window_s"], run.get("load_scale", 1.0)), seed=run["seed"])
     turns = conversations(CONVERSATIONS)
     trace = make_trace(plan, turns)
     network = NetworkCosts(request_overhead_s=fitted["request_overhead_s"])
@@ -345,6 +359,10 @@ def resimulate(last: Path) -> dict[str, object]:
             "real_per_repeat": run.get("preemptions", {}).get("real_per_repeat"),
             "sim": preemptions_by_class(sim_served),
         },
+        "routing": {
+            "real_repeats": run.get("routing", {}).get("real_repeats"),
+            "sim": routing_shares(sim_served),
+        },
     }
     last.with_name(last.stem + "_resimulated.json").write_text(json.dumps(result))
     rows = [_row(r) for r in sim_served]
@@ -354,8 +372,11 @@ def resimulate(last: Path) -> dict[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.resimulate and (args.repeats != 1 or args.seconds is not None):
-        why = "--resimulate reuses the last run's trace and repeats: drop --seconds and --repeats"
+    if args.resimulate and (args.repeats != 1 or args.seconds is not None or args.load_scale is not None):
+        why = (
+            "--resimulate reuses the last run's trace, load and repeats: "
+            "drop --seconds, --load-scale and --repeats"
+        )
         print(why, file=sys.stderr)
         return 2
     if args.resimulate:
@@ -370,6 +391,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--seconds must be positive, got {args.seconds}", file=sys.stderr)
             return 2
         plan = replace(plan, workload=replace(plan.workload, duration_s=args.seconds))
+    if args.load_scale is not None:
+        if not args.load_scale > 0:
+            print(f"--load-scale must be positive, got {args.load_scale}", file=sys.stderr)
+            return 2
+        plan = replace(plan, workload=mesh_workload(plan.workload.duration_s, args.load_scale))
     result = run_fidelity(plan, args.sim_only, OUT_QUICK if args.quick else OUT, repeats=args.repeats)
     print(json.dumps({**result, "quick": args.quick}))
     return 0

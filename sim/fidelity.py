@@ -33,6 +33,7 @@ MESH_LAYOUT = FleetLayout(
     zones=1, hosts=2, gpus_per_host=1, hosts_per_rack=1, model_sets=(((CHAT_MODEL, EMBED_MODEL), 1.0),)
 )
 CALLER_RACK = "rack-0"  # the gateway's rack is worker-1's (services/mesh/stack.py)
+MESH_NODES = ("mesh-w1", "mesh-w2")  # the real workers' node ids (services/mesh/stack.py), simulated GPU 0, 1
 CLASSES = (
     WorkloadClass.REALTIME_CHAT,
     WorkloadClass.AGENT_TOOL,
@@ -50,9 +51,19 @@ _MESH_SCALE = {
 }  # fmt: skip
 
 
-def mesh_workload(window_s: float, **overrides: float) -> WorkloadConfig:
-    """The fleet workload's generator at the local mesh's scale over window_s (overrides on top)."""
-    return replace(WorkloadConfig(duration_s=window_s), **{**_MESH_SCALE, **overrides})
+SESSION_RATES = ("chat_rate", "agent_rate", "batch_rate", "embedding_rate")
+
+
+def mesh_workload(window_s: float, load_scale: float = 1.0, **overrides: float) -> WorkloadConfig:
+    """The fleet workload's generator at the local mesh's scale over window_s, every class's session rate
+    times load_scale (the same mix, more or less of it), overrides on top."""
+    scaled = {**_MESH_SCALE, **{rate: _MESH_SCALE[rate] * load_scale for rate in SESSION_RATES}}
+    return replace(WorkloadConfig(duration_s=window_s), **{**scaled, **overrides})
+
+
+def load_scale_of(workload: WorkloadConfig) -> float:
+    """The load_scale mesh_workload made workload with (read off the chat rate, which it scales)."""
+    return round(workload.chat_rate / _MESH_SCALE["chat_rate"], 6)
 
 
 @dataclass(frozen=True)
@@ -82,6 +93,7 @@ class Served:
     cached: int = 0  # prompt tokens served from the prefix cache
     preemptions: int = 0  # times its KV was dropped and recomputed (the simulated side's; the real
     # side's are counted per class by the workers' Prometheus counter)
+    node: str = ""  # the worker that served it (MESH_NODES' names on both sides; "" if none did)
 
 
 def make_trace(plan: FidelityPlan, conversations: list[Conversation]) -> Trace:
@@ -122,6 +134,7 @@ def simulate(
             output=r.output,
             cached=r.cached,
             preemptions=r.preemptions,
+            node=MESH_NODES[r.gpu],
         )
         for r in replay.completed
     ]
@@ -134,6 +147,18 @@ def preemptions_by_class(served: Iterable[Served]) -> dict[str, int]:
     for s in served:
         found[s.workload.name.lower()] += s.preemptions
     return found
+
+
+def routing_shares(served: Iterable[Served]) -> dict[str, dict[str, float]]:
+    """Per class, the share of its requests each worker served: where the placer sent the work, which
+    the same code decides on both sides from what each side's timing shows it."""
+    rows = [s for s in served if s.node]
+    nodes = sorted({s.node for s in rows})
+    out: dict[str, dict[str, float]] = {}
+    for wc in CLASSES:
+        mine = [s.node for s in rows if s.workload == wc]
+        out[wc.name.lower()] = {n: round(mine.count(n) / len(mine), 4) for n in nodes} if mine else {}
+    return out
 
 
 def offered_load(sim: Simulation) -> float:

@@ -1,5 +1,5 @@
-"""bench/sim_fidelity.py refuses a window or a repeat count it cannot serve, or one it would ignore, before
-starting anything."""
+"""bench/sim_fidelity.py refuses a window, a load or a repeat count it cannot serve, or one it would ignore,
+before starting anything."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from bench.sim_fidelity import main
     [
         (["--repeats", "0"], "--repeats must be at least 1, got 0"),
         (["--seconds", "-5"], "--seconds must be positive"),
-        (["--resimulate", "--repeats", "3"], "--resimulate reuses the last run's trace and repeats"),
-        (["--resimulate", "--seconds", "600"], "--resimulate reuses the last run's trace and repeats"),
+        (["--resimulate", "--repeats", "3"], "--resimulate reuses the last run's trace, load and repeats"),
+        (["--resimulate", "--seconds", "600"], "--resimulate reuses the last run's trace, load and repeats"),
+        (["--load-scale", "0"], "--load-scale must be positive, got 0.0"),
+        (["--resimulate", "--load-scale", "0.5"], "drop --seconds, --load-scale and --repeats"),
     ],
 )
 def test_a_bad_window_or_repeat_count_is_refused_by_name(

@@ -17,14 +17,18 @@ from sim.cpu_profile import NEUTRAL_THERMAL
 from sim.fidelity import (
     CHAT_MODEL,
     EMBED_MODEL,
+    MESH_NODES,
+    SESSION_RATES,
     FidelityPlan,
     Served,
     class_metrics,
     headline,
+    load_scale_of,
     make_trace,
     mesh_workload,
     pooled_metrics,
     relative_errors,
+    routing_shares,
     simulate,
 )
 from sim.fit import TERMS
@@ -76,6 +80,16 @@ def test_the_trace_is_fixed_by_its_seed_and_spans_the_classes(turns: list) -> No
         assert all(t.output <= PLAN.limits.max_output for t in s.turns)
 
 
+def test_a_load_scale_scales_every_class_alike_and_is_read_back(turns: list) -> None:
+    base, half = mesh_workload(600.0), mesh_workload(600.0, 0.5)
+    for rate in SESSION_RATES:
+        assert getattr(half, rate) == pytest.approx(getattr(base, rate) / 2)
+    assert half.batch_prompt_median == base.batch_prompt_median  # the mix's shape stays
+    assert (load_scale_of(base), load_scale_of(half)) == (1.0, 0.5)
+    full, scaled = (make_trace(FidelityPlan(w), turns).requests() for w in (base, half))
+    assert 0.35 < scaled / full < 0.65
+
+
 def test_the_simulated_mesh_serves_every_request_of_the_trace(turns: list) -> None:
     trace = make_trace(PLAN, turns)
     served, sim = simulate(trace, PROFILE, PLAN.seed, turns)
@@ -116,3 +130,9 @@ async def test_the_real_mesh_and_the_simulation_agree_on_requests_and_tokens(
             assert measured[field] == sim_metrics[name][field], (name, field)
     errors = relative_errors(real_metrics, sim_metrics)
     assert headline(errors, "throughput") == 0.0  # every token counted on both sides (no window cut)
+    # Both sides say which worker served each request; each class's shares cover its requests.
+    assert {r.node for r in real} == {"w1", "w2"} and {r.node for r in simulated} == set(MESH_NODES)
+    for shares in (routing_shares(real), routing_shares(simulated)):
+        for name, per_node in shares.items():
+            served_any = 1.0 if real_metrics[name]["requests"] else 0.0
+            assert sum(per_node.values()) == pytest.approx(served_any, abs=1e-3), name
