@@ -54,6 +54,10 @@ log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+# While a step runs, its snapshot is republished at least this often (and whenever it takes an arrival):
+# heartbeats go every second, so fresher buys the placer nothing; a snapshot costs a few microseconds.
+_MID_STEP_PUBLISH_S = 0.1
+
 
 class AsyncLLM:
     """Streaming generation over one LLMEngine. Use as `async with AsyncLLM(engine) as llm:`."""
@@ -78,8 +82,9 @@ class AsyncLLM:
         self._holds = 0  # holds the engine thread has parked for (its step log skips the time)
         self._interrupts = StepInterrupts(poll=self._poll_adds, deliver=self._deliver_nested)
         # Replaced (one reference assignment) by the engine thread after its commands, each step and
-        # before each delivery.
+        # before each delivery, and while a step runs (_poll_adds).
         self.snapshot: EngineSnapshot = snapshot_of(engine)
+        self._published_s = time.perf_counter()
 
     @property
     def num_in_flight(self) -> int:
@@ -238,7 +243,7 @@ class AsyncLLM:
                     self._deliver([], True)  # publishes the snapshot
                     continue
                 if self._applied != applied:  # the queues changed: publish them before a long step
-                    self.snapshot = snapshot_of(engine)
+                    self._publish()
                 if step_log is not None:
                     # The previous iteration ends where this one starts: outputs handed over, commands
                     # taken, all in its time, as they pace the caller's tokens.
@@ -250,7 +255,7 @@ class AsyncLLM:
                 if outputs:
                     self._deliver(outputs, not engine.has_unfinished_requests())
                 else:  # a prefill chunk: its blocks are taken, nothing to deliver
-                    self.snapshot = snapshot_of(engine)
+                    self._publish()
         except BaseException as exc:  # the engine is unusable: tell every waiting stream why
             log.exception("engine step failed; failing all requests")
             self._dead = exc
@@ -272,17 +277,30 @@ class AsyncLLM:
 
     def _poll_adds(self) -> None:
         """Between a running step's layers: apply the adds at the front of the queue, and stop at the
-        first other command (kept for after the step, so the order of commands holds)."""
+        first other command (kept for after the step, so the order of commands holds). Publishes the
+        snapshot when it took any, and at least every _MID_STEP_PUBLISH_S while the step runs."""
+        applied = self._applied
         while not self._deferred:
             try:
                 command = self._commands.get_nowait()
             except queue.Empty:
-                return
+                break
             if isinstance(command, Add):
                 self._applied += 1
                 self._add(command)
             else:
                 self._deferred.append(command)
+        # One engine.step() can run for seconds (a long prompt's chunks on a CPU, urgent rounds ahead of
+        # the batch step). Published only around it, the heartbeat would report the queues from before it
+        # started for all that time: the placer saw a worker prefilling a 3,000-token prompt as idle, and
+        # sent it every request in the meantime (bench/sim_fidelity.py's routing, docs/simulator.md).
+        if self._applied != applied or time.perf_counter() - self._published_s >= _MID_STEP_PUBLISH_S:
+            self._publish()
+
+    def _publish(self) -> None:
+        """Replace the snapshot readers see with the engine's state now (on the engine thread)."""
+        self.snapshot = snapshot_of(self.engine)
+        self._published_s = time.perf_counter()
 
     def _deliver_nested(self, outputs: list[RequestOutput]) -> None:
         self._deliver(outputs, False)
@@ -340,7 +358,7 @@ class AsyncLLM:
         assert self._loop is not None
         # Published first: a reader that has seen an output sees a snapshot at least as new (nested
         # steps deliver in the middle of a step).
-        self.snapshot = snapshot_of(self.engine)
+        self._publish()
         self._loop.call_soon_threadsafe(self._fan_out, outputs, idle, self._applied)
 
     def _deliver_error(self, error: BaseException) -> None:

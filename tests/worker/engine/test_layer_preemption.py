@@ -174,6 +174,44 @@ def test_polling_applies_adds_and_keeps_everything_after_another_command_in_orde
     assert llm._applied == llm._submitted == 3
 
 
+def test_a_running_step_publishes_what_it_runs_and_what_arrived(
+    llama_gqa_dir: Path,
+) -> None:
+    """The snapshot the heartbeat reads is republished between a step's layers: the sequences the step
+    runs and their blocks, and an arrival taken mid-step, not the queues from before the step."""
+    llm = AsyncLLM(_engine(llama_gqa_dir))  # its thread is never started: the test plays the engine thread
+    engine = llm.engine
+    for i, prompt in enumerate(mixed_prompts(2, vocab=512, seed=43, lengths=[150, 200])):
+        engine.add_request(f"doc-{i}", prompt, GREEDY, detokenize=False, hints=DOCS)
+    llm._publish()  # as the step loop does when the queues changed, before the step
+    before = llm.snapshot
+    assert (before.running, before.waiting, before.kv_blocks_used) == (0, 2, 0)
+    late = mixed_prompts(1, vocab=512, seed=44, lengths=[30])[0]
+    llm._put(Add("late-doc", late, GREEDY, DOCS, 0.0, concurrent.futures.Future()))
+    seen = []
+
+    def poll() -> None:
+        llm._poll_adds()
+        seen.append(llm.snapshot)
+
+    engine.step(StepInterrupts(poll=poll, deliver=lambda outputs: None))
+    first = seen[0]  # the first preemption point: the arrival taken, the step's sequences running
+    assert first is not before
+    assert (first.running, first.waiting) == (2, 1) and first.kv_blocks_used > 0
+    assert all(s is first for s in seen[1:4])  # nothing new and little time: no republishing per layer
+
+
+def test_a_long_step_republishes_its_snapshot_even_with_nothing_arriving(llama_gqa_dir: Path) -> None:
+    llm = AsyncLLM(_engine(llama_gqa_dir))
+    llm._poll_adds()
+    quiet = llm.snapshot
+    llm._poll_adds()
+    assert llm.snapshot is quiet  # just published, nothing taken
+    llm._published_s -= 1.0  # a second into a long step
+    llm._poll_adds()
+    assert llm.snapshot is not quiet
+
+
 def test_an_urgent_step_is_interrupted_only_by_prompts_that_outrank_all_of_it() -> None:
     sched = scheduler(num_blocks=64, block_size=4, budget=256)
     sched.add(seq("agent-0", AGENT, prompt=12))
