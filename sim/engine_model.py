@@ -19,8 +19,9 @@ tight). KV grows a token per decode; when the pool runs out, the lowest-ranked s
 the same way. After a preemption only what outranks every victim is admitted at that step (no thrash).
 A latency-class prompt that arrives during a decode step starts after at most the profile's preemption
 granularity (layer-level preemption; half a layer of the running step where the profile knows the
-layers), and during a prompt step it runs nested in a free seat and free KV, displacing nothing; any
-other waits for the step to end.
+layers), and during a prompt step it runs nested in a free seat and free KV, displacing nothing, unless
+that step computes latency-class prompts it does not outrank (the worker's urgent step: chat interrupts
+agent prompts, not another chat's); any other waits for the step to end.
 
 What this costs in fidelity: a decode stretch keeps the step time of its start (context grows by a few
 hundred tokens at most before the next event); several resident models share one timeline (their steps
@@ -161,6 +162,11 @@ class GpuEngine(Admission):
             any(self.waiting[p] for p in range(request.priority))
             or self.waiting[request.priority][0] is not request
         ):
+            return
+        # A step computing latency-class prompts is the worker's urgent step, which only a prompt that
+        # outranks all of them interrupts (chat during agent prompts); one of their own class waits for
+        # its end (LLMEngine._run_urgent).
+        if any(r.priority <= request.priority for r, _ in self.step):
             return
         tokens = request.prompt + request.generated
         cached = self.cache.longest(request.conversation, request.tools)

@@ -101,6 +101,32 @@ def test_a_chat_prompt_arriving_mid_prompt_step_runs_nested() -> None:
     assert doc.first_token_s == pytest.approx(0.010 + 0.2 + nested)  # its step took the nested one longer
 
 
+@pytest.mark.parametrize(
+    ("running", "nests"),
+    [(WorkloadClass.AGENT_TOOL, True), (WorkloadClass.REALTIME_CHAT, False)],
+)
+def test_a_chat_prompt_interrupts_an_urgent_step_only_if_it_outranks_all_of_it(
+    running: WorkloadClass, nests: bool
+) -> None:
+    """A step computing latency-class prompts is the worker's urgent step: a chat prompt nests inside
+    an agent prompt's step, but waits for another chat prompt's step to end."""
+    loop = Loop()
+    first = request(0.0, prompt=2000, output=2, workload=running)
+    loop.engine.enqueue(first, 0.0)
+    chat = request(0.05, prompt=100, output=2)
+    loop.run_until(0.05)
+    loop.engine.enqueue(chat, 0.05)
+    loop.run_until(10.0)
+    own_step = 0.010 + 100 * 0.0001
+    first_step_end = 0.010 + 0.2
+    if nests:
+        assert chat.first_token_s == pytest.approx(0.05 + PROFILE.preempt_granularity_s + own_step)
+        assert first.first_token_s == pytest.approx(first_step_end + own_step)
+    else:
+        assert first.first_token_s == pytest.approx(first_step_end)  # not held up by the later chat
+        assert chat.first_token_s > first_step_end
+
+
 def test_a_chat_prompt_finding_every_seat_taken_displaces_the_latest_batch_admission() -> None:
     loop = Loop()
     running = [
