@@ -292,8 +292,8 @@ class AsyncLLM:
                 self._deferred.append(command)
         # One engine.step() can run for seconds (a long prompt's chunks on a CPU, urgent rounds ahead of
         # the batch step). Published only around it, the heartbeat would report the queues from before it
-        # started for all that time: the placer saw a worker prefilling a 3,000-token prompt as idle, and
-        # sent it every request in the meantime (bench/sim_fidelity.py's routing, docs/simulator.md).
+        # started for all that time: the placer saw a worker prefilling a 3,000-token prompt as idle for
+        # 7 s and sent it the next documents while the other worker idled (docs/simulator.md, item 4).
         if self._applied != applied or time.perf_counter() - self._published_s >= _MID_STEP_PUBLISH_S:
             self._publish()
 
