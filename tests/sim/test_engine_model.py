@@ -88,28 +88,16 @@ def test_one_request_takes_its_prompt_step_then_one_decode_step_per_token() -> N
     assert loop.done == [r] and loop.engine.kv_used == 0
 
 
-def test_a_chat_prompt_arriving_mid_prompt_step_runs_nested() -> None:
-    loop = Loop()
-    doc = request(0.0, prompt=2000, output=2, workload=WorkloadClass.BATCH)
-    loop.engine.enqueue(doc, 0.0)
-    chat = request(0.05, prompt=100, output=2)
-    loop.run_until(0.05)
-    loop.engine.enqueue(chat, 0.05)
-    loop.run_until(10.0)
-    nested = 0.010 + 100 * 0.0001
-    assert chat.first_token_s == pytest.approx(0.05 + PROFILE.preempt_granularity_s + nested)
-    assert doc.first_token_s == pytest.approx(0.010 + 0.2 + nested)  # its step took the nested one longer
-
-
 @pytest.mark.parametrize(
     ("running", "nests"),
-    [(WorkloadClass.AGENT_TOOL, True), (WorkloadClass.REALTIME_CHAT, False)],
+    [(WorkloadClass.BATCH, True), (WorkloadClass.AGENT_TOOL, True), (WorkloadClass.REALTIME_CHAT, False)],
 )
-def test_a_chat_prompt_interrupts_an_urgent_step_only_if_it_outranks_all_of_it(
+def test_a_chat_prompt_arriving_mid_prompt_step_runs_nested_unless_it_outranks_nothing_there(
     running: WorkloadClass, nests: bool
 ) -> None:
-    """A step computing latency-class prompts is the worker's urgent step: a chat prompt nests inside
-    an agent prompt's step, but waits for another chat prompt's step to end."""
+    """A chat prompt arriving during a prompt step runs nested in it, and the step ends that much later;
+    but a step computing latency-class prompts is the worker's urgent step, which only a prompt that
+    outranks all of them interrupts: a chat prompt waits for another chat prompt's step to end."""
     loop = Loop()
     first = request(0.0, prompt=2000, output=2, workload=running)
     loop.engine.enqueue(first, 0.0)
@@ -121,6 +109,7 @@ def test_a_chat_prompt_interrupts_an_urgent_step_only_if_it_outranks_all_of_it(
     first_step_end = 0.010 + 0.2
     if nests:
         assert chat.first_token_s == pytest.approx(0.05 + PROFILE.preempt_granularity_s + own_step)
+        # The interrupted step took the nested one longer.
         assert first.first_token_s == pytest.approx(first_step_end + own_step)
     else:
         assert first.first_token_s == pytest.approx(first_step_end)  # not held up by the later chat
