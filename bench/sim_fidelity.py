@@ -15,9 +15,7 @@ Headline errors are the worst class's (the target holds for each); request-weigh
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import sys
 import tempfile
 import time
@@ -26,13 +24,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.chaos_mesh import UpProcess
-from bench.fidelity_mesh_metrics import cpu_seconds, dtype_line, engine_steps, preemptions, worker_metrics
-from bench.fidelity_replay import Tokens, replay
-from bench.fidelity_steps import cut_logs, log_sizes, out_of_sample
-from bench.progress import log
+from bench.fidelity_mesh import serve_on_mesh
+from bench.fidelity_steps import out_of_sample
 from services.common.workload import WorkloadClass
-from services.mesh.driver import wait_for_models
 from sim.calibrate import calibrate, single_token_words
 from sim.cpu_profile import cpu_profile
 from sim.fidelity import (
@@ -57,7 +51,6 @@ from sim.fidelity import (
 from sim.fleet import NetworkCosts
 from sim.serving_fit import logs_by_model, request_overhead_s, serving_calibration
 from sim.sharegpt import conversations
-from sim.trace import Trace
 
 FULL = FidelityPlan(mesh_workload(180.0))
 QUICK = FidelityPlan(mesh_workload(40.0))
@@ -67,8 +60,6 @@ OUT_QUICK = OUT.with_name("sim_fidelity_quick.json")
 TARGET = 0.15
 CALIBRATION_SEED_OFFSET = 1000  # the calibration trace's seed: never the trace the errors are measured on
 CALIBRATION_MAX_S = 180.0  # ~3,000 logged steps a worker: past that a longer calibration adds only drift
-REPEAT_TOKEN_SEED_STEP = 100  # repeat k's prompts are token ids of seed + 100 k (warm-up +1, calibration +2)
-MESH_ENV = {"HANZO_TELEMETRY_SIM_HEATING_C_AT_FULL_LOAD": "0"}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -97,75 +88,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the simulated side again against the last run's real side and serving calibration (no mesh)",
     )  # fmt: skip
     return parser.parse_args(argv)
-
-
-def serve_on_mesh(
-    trace: Trace,
-    seed: int,
-    words: list[str],
-    steps: Path,
-    calibration: Trace | None = None,
-    repeats: int = 1,
-) -> tuple[list[list[Served]], dict[str, object], list[Served]]:
-    """Start `hanzo-mesh up` with step logs under steps, warm it, replay the calibration trace (if any;
-    its steps copied to steps/calibration), then the trace repeats times (steps/evaluation), stop it;
-    each repeat's requests as served, what the run measured, and the calibration trace's requests as
-    served. Repeat k's prompts are token ids of seed + 100 k: the same lengths and sharing, no prefix
-    cached by an earlier repeat."""
-    calibration_served: list[Served] = []
-    served: list[list[Served]] = []
-    with tempfile.TemporaryDirectory(prefix="sim-fidelity-") as root:
-        step_logs = steps / "workers"
-        env = {**MESH_ENV, "HANZO_WORKER_STEP_LOG_DIR": str(step_logs)}
-        up = UpProcess(Path(root), workers=2, env=env)
-        started = time.monotonic()
-        up.start()
-        try:
-            ready_s = time.monotonic() - started
-            want = {CHAT_MODEL: 2, EMBED_MODEL: 2}
-            seen = asyncio.run(wait_for_models(up.gateway, up.api_key, want, timeout_s=60))
-            log(f"mesh up in {ready_s:.0f} s, models {seen}; warming up")
-            asyncio.run(replay(_warm_up(trace), up.gateway, up.api_key, Tokens(seed + 1, words)))
-            if calibration is not None:
-                log(f"calibration: {calibration.requests()} requests over {calibration.duration_s:.0f} s")
-                before = log_sizes(step_logs)
-                calibration_served = asyncio.run(
-                    replay(calibration, up.gateway, up.api_key, Tokens(seed + 2, words))
-                )
-                cut_logs(step_logs, before, steps / "calibration")
-            before = log_sizes(step_logs)
-            preempted_before = preemptions(worker_metrics(up))
-            pids = {**up.services(), "client": os.getpid()}
-            cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-            began = time.monotonic()
-            for k in range(repeats):
-                log(f"replaying {trace.requests()} requests over {trace.duration_s:.0f} s, {k + 1}/{repeats}")
-                tokens = Tokens(seed + REPEAT_TOKEN_SEED_STEP * k, words)
-                served.append(asyncio.run(replay(trace, up.gateway, up.api_key, tokens)))
-            wall = time.monotonic() - began
-            # Where the two cores went while the trace ran: the workers' share is what the calibration
-            # measured alone; the rest is what the simulator does not model.
-            cpu = {name: round(cpu_seconds(pid) - cpu_before[name], 2) for name, pid in pids.items()}
-            cut_logs(step_logs, before, steps / "evaluation")
-            meta = {"mesh_ready_s": ready_s, "replay_wall_s": wall, "models": seen, "cpu_s": cpu}
-            texts = worker_metrics(up)
-            meta["engine_steps"] = engine_steps(texts)
-            preempted = preemptions(texts).items()
-            meta["preemptions"] = {c: n - preempted_before.get(c, 0.0) for c, n in preempted}
-            # The dtype each worker's "auto" measured at its start (the calibration measured its own).
-            logs = sorted(Path(root).glob("runs/*/worker-*.log"))
-            meta["worker_dtypes"] = [dtype_line(log.read_text()) for log in logs]
-        finally:
-            meta_code = up.stop()
-        meta["mesh_exit_code"] = meta_code
-    return served, meta, calibration_served
-
-
-def _warm_up(trace: Trace) -> Trace:
-    """A few requests of the trace's first sessions at once, unmeasured: each worker's first steps build
-    its kernels (the simulator's engines start warm)."""
-    firsts = [replace(s, start_s=0.0, turns=s.turns[:1]) for s in trace.sessions[:6]]
-    return Trace(1.0, tuple(firsts))
 
 
 def _worst(runs: list[dict[str, dict[str, float | None]]], metric: str) -> float | None:
