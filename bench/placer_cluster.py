@@ -156,8 +156,9 @@ def gpu_sample(
 
 def pick_requests(shape: ClusterShape, rng: np.random.Generator, count: int) -> list[placer_pb2.PickRequest]:
     """Mixed requests: classes per CLASS_MIX, LLMs by popularity (EMBEDDING asks the embedding model),
-    60% of LLM requests with a prefix_hash from a pool of 2,000, callers with host / zone / no topology,
-    and 3% excluding a worker (as after a failed attempt)."""
+    each LLM request with a prefix chain of an element per 128 prompt tokens (as the gateway sends it), 60%
+    of them opening with one of 2,000 shared prefixes, callers with host / zone / no topology, and 3%
+    excluding a worker (as after a failed attempt)."""
     classes = list(CLASS_MIX)
     class_p = np.array(list(CLASS_MIX.values()))
     prefixes = rng.integers(1, 2**63, size=2000, dtype=np.int64)
@@ -170,8 +171,11 @@ def pick_requests(shape: ClusterShape, rng: np.random.Generator, count: int) -> 
             workload_class=int(workload),
             prompt_tokens=int(rng.integers(16, 4096)),
         )
-        if not embedding and rng.random() < 0.6:
-            request.prefix_hash = int(rng.choice(prefixes))
+        if not embedding:
+            chain = rng.integers(1, 2**63, size=-(-request.prompt_tokens // 128), dtype=np.int64).tolist()
+            if rng.random() < 0.6:
+                chain[0] = int(rng.choice(prefixes))
+            request.prefix_chain.extend(chain)
         roll = rng.random()
         caller = shape.topology(int(rng.integers(shape.nodes)))
         if roll < 0.7:

@@ -158,7 +158,7 @@ class InProcessPlacer:
 async def naive_agreement(
     placer: InProcessPlacer, naive: NaivePicker, requests: Sequence[placer_pb2.PickRequest]
 ) -> tuple[int, int]:
-    """(agreeing, checked): requests (prefix hash cleared, so neither side's prefix memory matters) on which
+    """(agreeing, checked): requests (prefix chain cleared, so neither side's prefix memory matters) on which
     the naive picker finds the same best total and the same number of candidates as the placer's Picker
     on its view. Run while no telemetry flows, so both read the same state; the picks are not recorded
     in the view (PlacerReplica.choose would count each as waiting, which Redis never sees)."""
@@ -167,7 +167,7 @@ async def naive_agreement(
     for request in requests:
         plain = placer_pb2.PickRequest()
         plain.CopyFrom(request)
-        plain.prefix_hash = 0
+        plain.ClearField("prefix_chain")
         ours = picker.pick(placer.app.view.snapshot, PlacerReplica.query_of(plain))
         theirs = await naive.pick(plain)
         if (

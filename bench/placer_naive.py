@@ -13,6 +13,7 @@ import heapq
 import random
 import time
 from collections import OrderedDict
+from collections.abc import Sequence
 
 import redis.asyncio as aioredis
 
@@ -60,7 +61,7 @@ class NaivePicker:
         weight_bytes = _model_weight_bytes(entries, request.model)
         if weight_bytes is None:
             return None  # no worker ever reported the model
-        prefix_node = self._prefix_nodes.get(request.prefix_hash) if request.prefix_hash else None
+        prefix_node = self._prefix_node(request.prefix_chain)
         excluded = set(request.exclude_nodes)
         avoid_degraded = workload in DEFAULT_AVOID_DEGRADED
         penalty = sum(w for _, w in weights) + 1.0
@@ -98,7 +99,7 @@ class NaivePicker:
         ties = [s for s in scored if s[0] >= best - TIE_TOLERANCE]
         chosen = ties[self._rng.randrange(len(ties))] if len(ties) > 1 else ties[0]
         chosen_report = entries[chosen[1]].report  # type: ignore[union-attr]
-        self._remember(request.prefix_hash, chosen_report.node_id)
+        self._remember(request.prefix_chain, chosen_report.node_id)
         runners_up = request.explain_top or 3
         others = [s for s in heapq.nlargest(runners_up + 1, scored, key=lambda s: s[0]) if s is not chosen]
         return placer_pb2.PickReply(
@@ -189,12 +190,21 @@ class NaivePicker:
             return 1.0 if prefix_node is not None and prefix_node == report.node_id else 0.0
         raise ValueError(f"unknown scorer {name!r}")
 
-    def _remember(self, prefix_hash: int, node_id: str) -> None:
-        if not prefix_hash or self._prefix_capacity == 0:
+    def _prefix_node(self, chain: Sequence[int]) -> str | None:
+        """The node last sent the longest remembered prefix of the prompt."""
+        for prefix in reversed(chain):
+            node_id = self._prefix_nodes.get(prefix)
+            if node_id is not None:
+                return node_id
+        return None
+
+    def _remember(self, chain: Sequence[int], node_id: str) -> None:
+        if self._prefix_capacity == 0:
             return
-        self._prefix_nodes[prefix_hash] = node_id
-        self._prefix_nodes.move_to_end(prefix_hash)
-        if len(self._prefix_nodes) > self._prefix_capacity:
+        for prefix in chain:
+            self._prefix_nodes[prefix] = node_id
+            self._prefix_nodes.move_to_end(prefix)
+        while len(self._prefix_nodes) > self._prefix_capacity:
             self._prefix_nodes.popitem(last=False)
 
 

@@ -159,7 +159,7 @@ class _PrefixLoad:
             rows = rows[~np.isin(rows, excluded)]
         if not rows.size:
             return None
-        row = self._prefixes.row(snapshot, query.prefix_hash)
+        row = self._prefixes.row(snapshot, query.prefix_chain)
         if row is not None and not _holds(rows, row):  # the prefix's node cannot take it
             row = None
         if row is None:
@@ -172,7 +172,7 @@ class _PrefixLoad:
             row = int(ties[self._tie_break.draw(ties.size)] if ties.size > 1 else ties[0])
         node_id = snapshot.node_ids[row]
         assert node_id is not None  # a candidate is a live row
-        self._prefixes.remember(query.prefix_hash, node_id)
+        self._prefixes.remember(query.prefix_chain, node_id)
         return node_id
 
 

@@ -18,8 +18,9 @@ PRIORITY = {
 class Request:
     """prompt: its tokens (history included); output: tokens it generates (0 for an embedding).
     conversation / tools: prefix-cache keys (the conversation's history, the tenant's shared tool or
-    instruction prompt) with tools_tokens the shared part's length; prefix_hash: what the gateway
-    would hash from the prompt's leading tokens for the placer."""
+    instruction prompt) with tools_tokens the shared part's length; prefix_chain: the prompt's prefix chain
+    as the gateway would send it to the placer, one element per prefix the placer can tell apart (the
+    tools, then the conversation's own history), not one per block."""
 
     __slots__ = (
         "admit_no",
@@ -38,7 +39,7 @@ class Request:
         "model",
         "output",
         "preemptions",
-        "prefix_hash",
+        "prefix_chain",
         "priority",
         "prompt",
         "to_prefill",
@@ -58,7 +59,7 @@ class Request:
         conversation: int,
         tools: int,
         tools_tokens: int,
-        prefix_hash: int,
+        prefix_chain: tuple[int, ...],
         caller_zone: str,
         follow_up: object = None,
     ) -> None:
@@ -72,7 +73,7 @@ class Request:
         self.conversation = conversation
         self.tools = tools
         self.tools_tokens = tools_tokens
-        self.prefix_hash = prefix_hash
+        self.prefix_chain = prefix_chain
         self.caller_zone = caller_zone
         self.follow_up = follow_up  # what the workload does once this one completes (the next turn)
         self.gpu = -1

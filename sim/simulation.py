@@ -199,7 +199,7 @@ class Simulation:
             workload_class=request.workload,
             caller_zone=request.caller_zone,
             caller_rack=self.config.caller_rack,
-            prefix_hash=request.prefix_hash or None,
+            prefix_chain=request.prefix_chain,
             prompt_tokens=request.prompt,
             now_s=self.now,
             explain_top=0,  # as the gateway asks

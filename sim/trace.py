@@ -39,7 +39,7 @@ class Turn:
 class TraceSession:
     """shared_key / shared_tokens: a prefix other sessions share (an agent tenant's tools, a batch job's
     instruction; 0 for none); conversation: this session's own prefix-cache key (0 for an embedding);
-    prefix_hash: what the gateway's placer hashes (sim/workload.py's)."""
+    prefix_chain: what the gateway sends the placer of its prompts (sim/workload.py's)."""
 
     index: int
     workload: WorkloadClass
@@ -48,7 +48,7 @@ class TraceSession:
     shared_key: int
     shared_tokens: int
     conversation: int
-    prefix_hash: int
+    prefix_chain: tuple[int, ...]
     zone: str
     turns: tuple[Turn, ...]
 
@@ -138,7 +138,7 @@ def _session(index: int, issued: list[Request], limits: TraceLimits) -> TraceSes
         shared_key=first.tools,
         shared_tokens=shared,
         conversation=first.conversation,
-        prefix_hash=first.prefix_hash,
+        prefix_chain=first.prefix_chain,
         zone=first.caller_zone,
         turns=tuple(turns),
     )
@@ -177,7 +177,7 @@ class TraceWorkload:
             conversation=session.conversation,
             tools=session.shared_key,
             tools_tokens=session.shared_tokens,
-            prefix_hash=session.prefix_hash,
+            prefix_chain=session.prefix_chain,
             caller_zone=session.zone,
             follow_up=(session, k),
         )

@@ -43,14 +43,14 @@ class Session:
     """One conversation, trajectory, document or embedding call: what it asks next."""
 
     __slots__ = (
-        "history", "index", "key", "model", "prefix_hash", "rng", "tools", "tools_tokens", "turn", "turns",
+        "history", "index", "key", "model", "prefix_chain", "rng", "tools", "tools_tokens", "turn", "turns",
         "workload", "zone",
     )  # fmt: skip
     history: int
     index: int
     key: int
     model: str
-    prefix_hash: int
+    prefix_chain: tuple[int, ...]
     rng: random.Random
     tools: int
     tools_tokens: int
@@ -161,24 +161,28 @@ class Workload:
         # random.Random, not numpy: seeding one per session is ten times cheaper, and sessions are many.
         s.rng = random.Random(_key(self.seed, 3, int(workload), index))
         s.zone = self.zones[s.rng.randrange(len(self.zones))]
-        s.turn, s.history, s.tools, s.tools_tokens, s.prefix_hash = 0, 0, 0, 0, 0
+        s.turn, s.history, s.tools, s.tools_tokens, s.prefix_chain = 0, 0, 0, 0, ()
         s.key = _key(self.seed, int(workload), index)
         if workload == WorkloadClass.REALTIME_CHAT:
             s.turns = self.conversations[s.rng.randrange(len(self.conversations))]
-            s.history, s.model, s.prefix_hash = CHAT_SYSTEM_TOKENS, self.models.chat, s.key
+            # Its opening is its own (services/gateway/prefix_chain.py's chat_key); later turns extend it.
+            s.history, s.model, s.prefix_chain = CHAT_SYSTEM_TOKENS, self.models.chat, (s.key,)
         elif workload == WorkloadClass.AGENT_TOOL:
             tenant = s.rng.randrange(self.config.agent_tenants)
             s.tools = _key(self.seed, 11, tenant)
             s.tools_tokens = int(self.tool_tokens[tenant])
             s.model = self.models.agent[tenant % len(self.models.agent)]
-            s.prefix_hash, s.history = s.tools, s.tools_tokens + 200  # the tools, then the task
+            # The tenant's tools (800-3,000 tokens: several whole blocks of the gateway's chain), then the
+            # session's own task and history, which each later turn extends.
+            s.prefix_chain, s.history = (s.tools, s.key), s.tools_tokens + 200
             steps = min(1 + int(s.rng.expovariate(1 / 5)), 20)  # about 6 steps on average
             s.turns = [(s.rng.randrange(100, 600), int(min(s.rng.lognormvariate(math.log(80), 0.5), 300)))
                        for _ in range(steps)]  # fmt: skip
         elif workload == WorkloadClass.BATCH:
             job = s.rng.randrange(self.config.batch_jobs)
             s.tools = _key(self.seed, 12, job)
-            s.tools_tokens, s.model, s.prefix_hash = 300, self.models.batch, s.tools
+            # The job's instruction, then a document no other request repeats.
+            s.tools_tokens, s.model, s.prefix_chain = 300, self.models.batch, (s.tools,)
             document = int(min(s.rng.lognormvariate(math.log(self.config.batch_prompt_median), 0.6), 16000))
             reply = int(
                 min(s.rng.lognormvariate(math.log(self.config.batch_output_median), 0.5), MAX_OUTPUT_TOKENS)
@@ -206,7 +210,7 @@ class Workload:
             conversation=s.key if s.workload != WorkloadClass.EMBEDDING else 0,
             tools=s.tools,
             tools_tokens=s.tools_tokens,
-            prefix_hash=s.prefix_hash,
+            prefix_chain=s.prefix_chain,
             caller_zone=s.zone,
             follow_up=s,
         )

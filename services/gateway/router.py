@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from typing import Protocol
 
 import grpc
@@ -26,6 +26,7 @@ from services.common.tracing import client_call_span, parent_span, record_rpc_er
 from services.common.workload import WorkloadClass
 from services.gateway.config import GatewaySettings
 from services.gateway.metrics import Tally, TenantTokens
+from services.gateway.prefix_chain import NO_HINTS, PromptHints, hints_of
 from services.gateway.upstream import Placement, Upstream, relay
 from services.gateway.validate import validate_embed, validate_generate
 from services.gateway.worker_link import LinkBroken
@@ -143,14 +144,14 @@ class Router:
         span: trace.Span,
     ) -> AsyncIterator[inference_pb2.GenerateResponse]:
         """generate's stream, its picks and worker calls traced as children of span."""
-        prompt = validate_generate(request)
+        hints = hints_of(validate_generate(request))
         request.workload_class = int(workload)
         request.request_id = request.request_id or f"{self._id_prefix}-{next(self._ids):x}"
         excluded: list[str] = []
         last_error: grpc.aio.AioRpcError | None = None
         for attempt in range(self.settings.max_attempts):
             with parent_span(span):
-                pick = await self._pick(request.model, workload, excluded, deadline, last_error, prompt)
+                pick = await self._pick(request.model, workload, excluded, deadline, last_error, hints)
             if pick is None:
                 break
             sent_any = False
@@ -167,8 +168,8 @@ class Router:
                         tokens_sent += len(response.token_ids)
                         if response.finish_reason:  # a choice's last message: its usage
                             usage = response.usage  # the prompt once per request, not per choice
-                            prompt = usage.prompt_tokens if response.index == 0 else 0
-                            self.tenant_tokens.add(request.tenant, prompt, usage.completion_tokens)
+                            prompt_tokens = usage.prompt_tokens if response.index == 0 else 0
+                            self.tenant_tokens.add(request.tenant, prompt_tokens, usage.completion_tokens)
                         yield response
                 except grpc.aio.AioRpcError as failed:
                     record_rpc_error(call_span, failed.code(), failed.details())
@@ -279,12 +280,12 @@ class Router:
         excluded: list[str],
         deadline: Deadline,
         last_error: grpc.aio.AioRpcError | None,
-        prompt: str | Sequence[int] | None = None,
+        hints: PromptHints = NO_HINTS,
     ) -> Placement | None:
         """The next worker to try; None once every worker was tried (the caller reports why they failed)."""
         timeout = _timeout(deadline, self.settings.pick_timeout_s)
         try:
-            return await self.upstream.pick(model, workload, excluded, timeout, prompt)
+            return await self.upstream.pick(model, workload, excluded, timeout, hints)
         except Unavailable:
             if last_error is None:
                 raise

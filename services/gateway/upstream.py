@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
-from array import array
-from collections.abc import Sequence
 from typing import NamedTuple
 
 import grpc
@@ -19,16 +16,10 @@ from services.common.retry_info import retry_after_of
 from services.common.tracing import client_interceptors, local_span
 from services.common.workload import WorkloadClass
 from services.gateway.ejections import Ejections
+from services.gateway.prefix_chain import NO_HINTS, PromptHints
 from services.gateway.worker_link import WorkerLink
 from services.placer.pick.query import PickQuery
 from services.placer.replica import PlacerReplica
-
-
-def prefix_hash(prompt: str | Sequence[int]) -> int:
-    """A stable 63-bit hash of the prompt's start, the same on every gateway replica (Python's hash()
-    is salted per process), so requests sharing a prefix meet on the worker that caches it."""
-    head = prompt[:512].encode() if isinstance(prompt, str) else array("q", prompt[:128]).tobytes()
-    return int.from_bytes(hashlib.blake2b(head, digest_size=8).digest(), "big") >> 1
 
 
 class Placement(NamedTuple):
@@ -109,17 +100,17 @@ class Upstream:
         workload: WorkloadClass,
         exclude: list[str],
         timeout_s: float,
-        prompt: str | Sequence[int] | None = None,
+        hints: PromptHints = NO_HINTS,
     ) -> Placement:
         """The worker the placer chooses, leaving out exclude and the ejected workers (unless that leaves
         none); NotFound for an unknown model, Unavailable when none can serve."""
         ejected = [node for node in self.ejections.active() if node not in exclude]
         if ejected:
             try:
-                return await self._pick(model, workload, [*exclude, *ejected], timeout_s, prompt)
+                return await self._pick(model, workload, [*exclude, *ejected], timeout_s, hints)
             except Unavailable:
                 pass  # every other worker is gone too: a suspect one beats none (Envoy's panic mode)
-        return await self._pick(model, workload, exclude, timeout_s, prompt)
+        return await self._pick(model, workload, exclude, timeout_s, hints)
 
     async def _pick(
         self,
@@ -127,10 +118,8 @@ class Upstream:
         workload: WorkloadClass,
         exclude: list[str],
         timeout_s: float,
-        prompt: str | Sequence[int] | None,
+        hints: PromptHints,
     ) -> Placement:
-        hashed = prefix_hash(prompt) if prompt else 0
-        prompt_tokens = len(prompt) if prompt and not isinstance(prompt, str) else 0
         if self.local is not None:
             query = PickQuery(
                 model=model,
@@ -138,8 +127,8 @@ class Upstream:
                 caller_zone=self.topology.zone,
                 caller_rack=self.topology.rack,
                 caller_host=self.topology.host,
-                prefix_hash=hashed or None,
-                prompt_tokens=prompt_tokens,
+                prefix_chain=hints.chain,
+                prompt_tokens=hints.prompt_tokens,
                 exclude=frozenset(exclude),
                 now_s=time.time(),
                 explain_top=0,  # nobody reads the runners-up here
@@ -152,8 +141,8 @@ class Upstream:
             workload_class=int(workload),
             caller=self.topology,
             exclude_nodes=exclude,
-            prefix_hash=hashed,
-            prompt_tokens=prompt_tokens,
+            prefix_chain=hints.chain,
+            prompt_tokens=hints.prompt_tokens,
         )
         try:
             reply = await self.placer.Pick(request, timeout=timeout_s, metadata=self.internal)

@@ -18,7 +18,7 @@ from services.placer.cluster.view import ClusterView, SyncSettings
 from services.placer.demand import DemandCounter
 from services.placer.metrics import PlacerMetrics
 from services.placer.pick.framework import Picker, PickResult
-from services.placer.pick.query import PickQuery
+from services.placer.pick.query import MAX_PREFIX_CHAIN, PickQuery
 from services.placer.pick.weights import ClassWeights
 
 
@@ -83,13 +83,17 @@ class PlacerReplica:
             workload = WorkloadClass(request.workload_class)
         except ValueError:
             raise InvalidArgument("workload_class", f"unknown value {request.workload_class}") from None
+        if len(request.prefix_chain) > MAX_PREFIX_CHAIN:
+            raise InvalidArgument(
+                "prefix_chain", f"has {len(request.prefix_chain)} elements; send at most {MAX_PREFIX_CHAIN}"
+            )
         return PickQuery(
             model=request.model,
             workload_class=workload,
             caller_zone=request.caller.zone,
             caller_rack=request.caller.rack,
             caller_host=request.caller.host,
-            prefix_hash=request.prefix_hash or None,
+            prefix_chain=tuple(request.prefix_chain),
             prompt_tokens=request.prompt_tokens,
             exclude=frozenset(request.exclude_nodes),
             now_s=time.time(),

@@ -1,4 +1,4 @@
-"""The gateway's pure pieces without a mesh: chat classification, the chat affinity key, the API-key
+"""The gateway's pure pieces without a mesh: chat classification, the API-key
 check, the HTTP settings, and the OpenAI error mapping (status, param, Retry-After)."""
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from services.gateway.openai.errors import from_exception, from_validation
 from services.gateway.openai.schemas import ChatCompletionRequest, CompletionRequest
 from services.gateway.router import DeadlineExceeded
 from services.gateway.servicer import chat_to_generate
-from services.gateway.upstream import prefix_hash
-from services.gateway.validate import opening_key, validate_generate
+from services.gateway.validate import validate_generate
 from services.worker.engine.errors import InvalidRequestError
 
 USER = inference_pb2.ChatMessage(role="user", content="What is the weather in Paris?")
@@ -54,20 +53,6 @@ def test_chat_to_generate_keeps_every_field() -> None:
     assert request.WhichOneof("input") == "chat"
     assert list(request.chat.messages) == [USER] and list(request.chat.tools) == [SEARCH]
     assert request.sampling == sampling and request.request_id == "r1" and request.tenant == "acme"
-
-
-def test_turns_of_one_conversation_share_the_affinity_key() -> None:
-    system = inference_pb2.ChatMessage(role="system", content="Be brief.")
-    turn1 = inference_pb2.ChatInput(messages=[system, USER])
-    reply = inference_pb2.ChatMessage(role="assistant", content="Sunny.")
-    turn2 = inference_pb2.ChatInput(
-        messages=[system, USER, reply, inference_pb2.ChatMessage(role="user", content="And Rome?")]
-    )
-    other = inference_pb2.ChatInput(messages=[system, inference_pb2.ChatMessage(role="user", content="Hi")])
-    assert prefix_hash(opening_key(turn1)) == prefix_hash(opening_key(turn2))
-    assert prefix_hash(opening_key(turn1)) != prefix_hash(opening_key(other))
-    key = validate_generate(inference_pb2.GenerateRequest(model="m", chat=turn2))
-    assert key == opening_key(turn1)
 
 
 @pytest.mark.parametrize(

@@ -108,6 +108,7 @@ async def test_picks_count_as_waiting_until_the_next_heartbeat(redis_server: Red
         ("heartbeat_no_address", grpc.StatusCode.INVALID_ARGUMENT, "address"),
         ("pick_no_model", grpc.StatusCode.INVALID_ARGUMENT, "model"),
         ("pick_bad_class", grpc.StatusCode.INVALID_ARGUMENT, "workload_class"),
+        ("pick_long_chain", grpc.StatusCode.INVALID_ARGUMENT, "prefix_chain: has 65 elements"),
         ("pick_unknown_model", grpc.StatusCode.NOT_FOUND, "not served by any worker"),
     ],
 )
@@ -120,11 +121,14 @@ async def test_bad_requests_get_precise_statuses(
             await stub.Heartbeat(node_report("a"))
             no_address = node_report("x")
             no_address.address = ""
+            long_chain = pick_request()
+            long_chain.prefix_chain.extend(range(1, 66))
             calls = {
                 "heartbeat_no_id": lambda: stub.Heartbeat(node_report("")),
                 "heartbeat_no_address": lambda: stub.Heartbeat(no_address),
                 "pick_no_model": lambda: stub.Pick(pick_request(model="")),
                 "pick_bad_class": lambda: stub.Pick(pick_request(cls=42)),
+                "pick_long_chain": lambda: stub.Pick(long_chain),
                 "pick_unknown_model": lambda: stub.Pick(pick_request(model="gpt-9")),
             }
             with pytest.raises(grpc.aio.AioRpcError) as err:

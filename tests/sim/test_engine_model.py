@@ -75,7 +75,7 @@ def request(
     conversation: int = 0,
     model: str = "m",
 ) -> Request:
-    return Request(next(_ids), workload, model, arrival, prompt, output, conversation, 0, 0, 0, "z")
+    return Request(next(_ids), workload, model, arrival, prompt, output, conversation, 0, 0, (), "z")
 
 
 def test_one_request_takes_its_prompt_step_then_one_decode_step_per_token() -> None:

@@ -89,7 +89,7 @@ _ids = itertools.count(1)
 
 
 def request(model: str, arrival: float, prompt: int = 100, output: int = 3) -> Request:
-    return Request(next(_ids), WorkloadClass.REALTIME_CHAT, model, arrival, prompt, output, 0, 0, 0, 0, "z")
+    return Request(next(_ids), WorkloadClass.REALTIME_CHAT, model, arrival, prompt, output, 0, 0, 0, (), "z")
 
 
 def test_a_directive_load_pauses_the_heartbeats_and_resizes_the_kv_pool() -> None:

@@ -34,7 +34,7 @@ def test_the_same_node_as_the_picker_over_a_churning_fleet(writes_per_pick: int)
             random_write(state.snapshot, rng, step * writes_per_pick + w, ids)
         q = query(
             CLASSES[step % 3], model=[MODEL, "qwen-7b", "never-reported"][step % 11 % 3],
-            now_s=NOW + step / 20, prefix_hash=step % 7 or None,
+            now_s=NOW + step / 20, prefix_chain=(1, 10 + step % 7, 100 + step % 3)[: step % 4],
             exclude=frozenset({ids[step % len(ids)], "gone"}) if step % 4 == 0 else frozenset(),
         )  # fmt: skip
         chosen = fast(state, q)

@@ -73,7 +73,7 @@ class _Plan(NamedTuple):
 
 
 class Picker:
-    """Chooses a node per request. Keeps prefix_hash -> node id of its last pick, and a RowTable per
+    """Chooses a node per request. Keeps each prompt prefix -> node id of its last pick, and a RowTable per
     model and class (rebuilt from the snapshot whenever it cannot be brought up to date)."""
 
     def __init__(
@@ -131,7 +131,7 @@ class Picker:
             return None
         runners_up = max(query.explain_top, 0)
         written: dict[str, np.ndarray] = {}
-        context = PickContext(prefix_row=self._prefixes.row(snapshot, query.prefix_hash))
+        context = PickContext(prefix_row=self._prefixes.row(snapshot, query.prefix_chain))
         topology = None  # the compiled ranking's topology score per leader
         if table.native is not None:
             leader_totals, leaders, ties = table.native.rank(
@@ -149,7 +149,7 @@ class Picker:
         row = int(leaders[position])
         node_id = snapshot.node_ids[row]
         assert node_id is not None  # live rows always have an id
-        self._prefixes.remember(query.prefix_hash, node_id)
+        self._prefixes.remember(query.prefix_chain, node_id)
         others = [i for i in range(min(runners_up + 1, len(leaders))) if i != position]
         shown = [position, *others[:runners_up]]
         candidates = self._explain(snapshot, plan, table, written, leaders, leader_totals, topology, shown)

@@ -12,29 +12,40 @@ from services.placer.cluster.snapshot import ClusterSnapshot
 
 
 class PrefixMemo:
-    """prefix_hash -> the node id it was last sent to, the least recent forgotten past capacity."""
+    """Prefix hash -> the node id it was last sent to, the least recent forgotten past capacity. A
+    prompt's hashes are its prefix chain (query.py): each names the prompt up to the end of one of its
+    blocks, so the deepest one remembered names the longest prefix some node was last sent."""
 
     def __init__(self, capacity: int) -> None:
-        """Raises ValueError for a negative capacity (0 remembers nothing)."""
+        """capacity: hashes remembered, a prompt's chain counting each of its elements; raises ValueError
+        for a negative capacity (0 remembers nothing)."""
         if capacity < 0:
             raise ValueError(f"prefix_capacity must be >= 0, got {capacity}")
         self._capacity = capacity
         self._nodes: OrderedDict[int, str] = OrderedDict()  # most recent last
 
-    def row(self, snapshot: ClusterSnapshot, prefix_hash: int | None) -> int | None:
-        """Row of the node that last served prefix_hash, if it is still in the snapshot."""
-        if prefix_hash is None:
-            return None
-        node_id = self._nodes.get(prefix_hash)
-        return None if node_id is None else snapshot.row_of.get(node_id)
+    def row(self, snapshot: ClusterSnapshot, chain: tuple[int, ...]) -> int | None:
+        """Row of the node that was last sent the longest prefix of chain's prompt, among the nodes still
+        in the snapshot; None if it shares no remembered prefix with one."""
+        for prefix in reversed(chain):
+            node_id = self._nodes.get(prefix)
+            if node_id is not None:
+                row = snapshot.row_of.get(node_id)
+                if row is not None:
+                    return row
+        return None
 
-    def remember(self, prefix_hash: int | None, node_id: str) -> None:
-        if prefix_hash is None or self._capacity == 0:
+    def remember(self, chain: tuple[int, ...], node_id: str) -> None:
+        """Every prefix of the prompt as sent to node_id: a later prompt extending any of them (the next
+        turn, or another session opening with the same tools) finds where it went."""
+        if self._capacity == 0:
             return
-        self._nodes[prefix_hash] = node_id
-        self._nodes.move_to_end(prefix_hash)
-        if len(self._nodes) > self._capacity:
-            self._nodes.popitem(last=False)
+        nodes = self._nodes
+        for prefix in chain:
+            nodes[prefix] = node_id
+            nodes.move_to_end(prefix)
+        while len(nodes) > self._capacity:
+            nodes.popitem(last=False)
 
 
 class TieBreak:

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 from services.common.workload import WorkloadClass
 
+MAX_PREFIX_CHAIN = 64  # elements of a prompt's prefix chain a pick reads at most
+
 
 @dataclass(frozen=True)
 class PickQuery:
@@ -16,7 +18,9 @@ class PickQuery:
     caller_zone: str = ""
     caller_rack: str = ""
     caller_host: str = ""
-    prefix_hash: int | None = None  # hash of the prompt's leading tokens; None when unknown
+    # The prompt's prefix chain (services/gateway/prefix_chain.py): element i hashes it from its start to
+    # the end of its block i; () when unknown.
+    prefix_chain: tuple[int, ...] = ()
     prompt_tokens: int = 0  # estimate; 0 when unknown
     exclude: frozenset[str] = field(default_factory=frozenset)  # node ids never to pick
     now_s: float = 0.0  # Unix time of the decision, passed in so decisions are reproducible
@@ -27,7 +31,8 @@ class PickQuery:
 class PickContext:
     """Facts the framework looks up once per decision and hands to every scorer, so scorers stay pure."""
 
-    prefix_row: int | None = None  # snapshot row that last served query.prefix_hash; None when unknown
+    # Snapshot row of the node that last served the longest remembered prefix of the prompt; None if none.
+    prefix_row: int | None = None
 
 
 NO_CONTEXT = PickContext()

@@ -195,9 +195,9 @@ def prefix_affinity(
     *,
     config: ScorerConfig = ScorerConfig(),
 ) -> np.ndarray | None:
-    """On context.prefix_row (the node that last served query.prefix_hash, resolved by the framework: it
-    likely still holds the prefix's KV blocks): 1.0, or for a BATCH request max(0, 1 - waiting /
-    config.prefix_queue_limit); 0.0 everywhere else and everywhere when it is None.
+    """On context.prefix_row (the node that last served the prompt's longest remembered prefix, resolved by
+    the framework: it likely still holds that prefix's KV blocks): 1.0, or for a BATCH request max(0, 1 -
+    waiting / config.prefix_queue_limit); 0.0 everywhere else and everywhere when it is None.
 
     Why batch alone fades with the queue: the fleet simulator showed a flat 1.0 sending a whole job's
     documents (one shared instruction prefix) to one node, whose queue then grew without bound. Latency

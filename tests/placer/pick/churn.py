@@ -69,7 +69,8 @@ def decide_alike(one: Picker, other: Picker, rng: np.random.Generator, writes_pe
             snapshot.upsert(node("q0", models={"qwen-7b": "resident", "gemma": "cold"}, weight_bytes=8 << 30))
         q = query(
             CLASSES[step % 3], model=[MODEL, "qwen-7b"][step % 7 == 0], now_s=NOW + step / 20,
-            prefix_hash=step % 5 or None, caller_zone=f"z{step % 4}", caller_host=f"h{step % 9}",
+            prefix_chain=(1, 10 + step % 5, 100 + step % 3)[: step % 4], caller_zone=f"z{step % 4}",
+            caller_host=f"h{step % 9}",
             caller_rack=f"r{step % 6}" if step % 3 else "",
             exclude=frozenset({ids[step % len(ids)]}) if step % 4 == 0 else frozenset(),
         )  # fmt: skip

@@ -219,7 +219,8 @@ def test_the_chosen_node_is_explained_alike_with_and_without_runners_up(compiled
         Picker(ClassWeights.defaults(), rng=np.random.default_rng(4), compiled=compiled) for _ in range(2)
     )
     for workload_class in WorkloadClass:
-        a = alone.pick(snapshot, query(workload_class, explain_top=0, prefix_hash=7, caller_zone="z0"))
-        b = explained.pick(snapshot, query(workload_class, explain_top=3, prefix_hash=7, caller_zone="z0"))
+        asked = {"prefix_chain": (7,), "caller_zone": "z0"}
+        a = alone.pick(snapshot, query(workload_class, explain_top=0, **asked))
+        b = explained.pick(snapshot, query(workload_class, explain_top=3, **asked))
         assert a is not None and b is not None
         assert len(a.candidates) == 1 and a.candidates[0] == b.candidates[0], workload_class

@@ -109,34 +109,67 @@ def test_seeded_rng_replays_the_same_choices() -> None:
 def test_same_prefix_goes_to_the_same_node() -> None:
     nodes = [{"id": name, **RESIDENT} for name in ("a", "b", "c", "d")]
     picker = make_picker()
-    first = pick(picker, nodes, prefix_hash=42)
+    first = pick(picker, nodes, prefix_chain=(42,))
     assert first.candidates[0].scores["prefix_affinity"] == 0.0
-    again = [pick(picker, nodes, prefix_hash=42) for _ in range(20)]
+    again = [pick(picker, nodes, prefix_chain=(42,)) for _ in range(20)]
     assert {result.node_id for result in again} == {first.node_id}
     assert again[0].candidates[0].scores["prefix_affinity"] == 1.0
+
+
+def test_a_prompt_goes_where_its_longest_remembered_prefix_went() -> None:
+    """Two sessions share their tenant's tools (1) and then differ (2, 3): each later turn goes to the
+    node its own session was sent, not to wherever the tenant's last request went; a new session, which
+    shares only the tools, follows them."""
+    snapshot = snapshot_of(*({"id": name, **RESIDENT} for name in ("a", "b", "c")))
+    picker = make_picker()
+    first = picker.pick(snapshot, query(AGENT, prefix_chain=(1, 2)))
+    assert first is not None
+    second = picker.pick(snapshot, query(AGENT, prefix_chain=(1, 3), exclude=frozenset({first.node_id})))
+    assert second is not None and second.node_id != first.node_id
+    for chain, node_id in [((1, 2, 4), first.node_id), ((1, 3, 5), second.node_id), ((1, 6), second.node_id)]:
+        result = picker.pick(snapshot, query(AGENT, prefix_chain=chain))
+        assert result is not None and result.node_id == node_id, chain
+        assert result.candidates[0].scores["prefix_affinity"] == 1.0
+    # Once its node is gone, a session's turn falls back to the node its tools went to last.
+    snapshot.remove(first.node_id)
+    fallback = picker.pick(snapshot, query(AGENT, prefix_chain=(1, 2, 4, 7)))
+    assert fallback is not None and fallback.node_id == second.node_id
+    assert fallback.candidates[0].scores["prefix_affinity"] == 1.0
 
 
 def test_prefix_memory_is_bounded_lru() -> None:
     nodes = [{"id": name, **RESIDENT} for name in ("a", "b")]
     picker = make_picker(prefix_capacity=2)
-    for prefix_hash in (1, 2, 1, 3):  # 1 was used again after 2, so 2 is the one forgotten
-        pick(picker, nodes, prefix_hash=prefix_hash)
+    for prefix in (1, 2, 1, 3):  # 1 was used again after 2, so 2 is the one forgotten
+        pick(picker, nodes, prefix_chain=(prefix,))
     remembered = {
-        h: pick(picker, nodes, prefix_hash=h).candidates[0].scores["prefix_affinity"] for h in (1, 3)
+        h: pick(picker, nodes, prefix_chain=(h,)).candidates[0].scores["prefix_affinity"] for h in (1, 3)
     }
     assert remembered == {1: 1.0, 3: 1.0}
-    forgotten = pick(picker, nodes, prefix_hash=2)
+    forgotten = pick(picker, nodes, prefix_chain=(2,))
     assert all(candidate.scores["prefix_affinity"] == 0.0 for candidate in forgotten.candidates)
+
+
+def test_prefix_memory_counts_every_element_of_a_chain() -> None:
+    nodes = [{"id": name, **RESIDENT} for name in ("a", "b")]
+    picker = make_picker(prefix_capacity=3)
+    pick(picker, nodes, prefix_chain=(1, 2, 3))
+    pick(picker, nodes, prefix_chain=(4,))  # four hashes: the chain's first, the oldest, is forgotten
+    scores = {
+        chain: pick(picker, nodes, prefix_chain=chain).candidates[0].scores["prefix_affinity"]
+        for chain in [(1,), (1, 2)]
+    }
+    assert scores == {(1,): 0.0, (1, 2): 1.0}
 
 
 def test_prefix_memory_survives_row_recycling() -> None:
     picker = make_picker()
     snapshot = snapshot_of({"id": "a", **RESIDENT})
-    assert picker.pick(snapshot, query(prefix_hash=7)).node_id == "a"
+    assert picker.pick(snapshot, query(prefix_chain=(7,))).node_id == "a"
     snapshot.remove("a")
     assert snapshot.upsert(node("c", **RESIDENT)) == 0  # c now sits in a's old row
     snapshot.upsert(node("b", **RESIDENT))
-    result = picker.pick(snapshot, query(prefix_hash=7))
+    result = picker.pick(snapshot, query(prefix_chain=(7,)))
     assert result is not None
     assert all(candidate.scores["prefix_affinity"] == 0.0 for candidate in result.candidates)
 
