@@ -76,8 +76,9 @@ class NaivePicker:
             resident = model is not None and model.resident
             host_copy = model is not None and model.host_copy
             fits = report.gpu.memory_free_bytes >= weight_bytes
-            if not (resident or fits) or report.load.kv_usage >= self.filters.kv_full_fraction:
-                continue  # memory (which also implies model_loadable)
+            kv_full = report.load.kv_usage >= self.filters.kv_full_fraction
+            if model is None or not (resident or fits) or kv_full:
+                continue  # model_loadable (a node loads only models it lists) and memory
             raw_thermal = raw_thermals[i]
             sample = None if raw_thermal is None else cluster_state_pb2.ThermalEntry.FromString(raw_thermal)
             if sample is not None and self._critical(sample):
