@@ -52,6 +52,7 @@ NO_HINTS = PromptHints()  # a request with no prompt to place by (an embedding)
 
 
 def hints_of(prompt: Prompt) -> PromptHints:
+    """prompt's chain, and its length where it is token ids."""
     tokens = 0 if isinstance(prompt, (str, ChatKey)) else len(prompt)
     return PromptHints(prefix_chain(prompt), tokens)
 
