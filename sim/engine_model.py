@@ -36,12 +36,12 @@ import math
 from collections import deque
 from collections.abc import Callable
 
-from sim.admission import DONE_TOLERANCE, NO_VICTIM, Admission
+from sim.admission import DONE_TOLERANCE, NO_VICTIM
 from sim.prefix_cache import PrefixCache
 from sim.profiles import GpuProfile, ModelCost
 from sim.request import Request
 from sim.residency import Residency
-from sim.step_budget import BUDGET_STEP, prompt_budget
+from sim.step_budget import StepBudget
 
 IDLE, DECODE, STEP = 0, 1, 2
 _EPS = 1e-9
@@ -50,7 +50,7 @@ _INF = math.inf
 Schedule = Callable[[float, "GpuEngine", int], None]
 
 
-class GpuEngine(Admission):
+class GpuEngine(StepBudget):
     """schedule(time, engine, version): asks the event loop to call on_event(time, version) then;
     on_done(request): a request's last token (or its embedding) is out. models: resident at the start;
     host_copies: others the worker can reload from host memory (sim/residency.py)."""
@@ -258,12 +258,7 @@ class GpuEngine(Admission):
         """Decode until the first sequence finishes or, where something could be preempted, the pool
         runs out."""
         self.mode = DECODE
-        step_s = 0.0
-        for model, rows in self.rows.items():
-            if rows:
-                cost = self.costs[model]
-                step_s += cost.base_s + cost.per_row_s * rows + cost.per_context_token_s * self.context[model]
-        self.decode_step_s = step_s / self.clock
+        self.decode_step_s = self._decode_step_s() / self.clock
         steps = self.running[0][0] - self.counter
         decodes = len(self.running)
         if decodes * steps > self.kv_capacity - self.kv_used and decodes + len(self.prefilling) > 1:
@@ -327,30 +322,6 @@ class GpuEngine(Admission):
         self.next_event = step_end
         self._schedule(step_end, self, self.version)
         return True
-
-    def _budget(self, decodes: int) -> int:
-        """Prompt tokens the next step may carry: the whole budget left after one token per decode, or
-        with the profile's itl_min_efficiency the adaptive policy's choice (step_budget.py)."""
-        full = self.profile.token_budget - decodes
-        share = self.profile.itl_min_efficiency
-        if share is None or full <= BUDGET_STEP:
-            return full
-        fixed = 0.0
-        for model, rows in self.rows.items():
-            if rows:
-                cost = self.costs[model]
-                fixed += cost.base_s + cost.per_row_s * rows + cost.per_context_token_s * self.context[model]
-        latency = [r for r in self.prefilling if r.priority < 2] + [*self.waiting[0], *self.waiting[1]]
-        in_play = bool(latency) or any(r.priority < 2 for _, _, r in self.running)
-        top = min((r.priority for r in latency), default=None)
-        own = sum(
-            r.to_prefill if r in self.prefilling else r.prompt + r.generated
-            for r in latency
-            if r.priority == top
-        )
-        decoder = self._decoder_cost
-        assert decoder is not None  # a GPU with a prompt to run holds a decoder
-        return prompt_budget(full, decodes, fixed or decoder.base_s, decoder, share, in_play, own)
 
     def _end_step(self, now: float) -> None:
         if self.running:
