@@ -186,3 +186,14 @@ def pick_requests(shape: ClusterShape, rng: np.random.Generator, count: int) -> 
             request.exclude_nodes.append(shape.worker_id(int(rng.integers(shape.workers))))
         requests.append(request)
     return requests
+
+
+def node_only(requests: list[placer_pb2.PickRequest]) -> list[placer_pb2.PickRequest]:
+    """The requests as a remote gateway sends them: asking for the node alone (PickRequest.node_only)."""
+    copies = []
+    for request in requests:
+        copy = placer_pb2.PickRequest()
+        copy.CopyFrom(request)
+        copy.node_only = True
+        copies.append(copy)
+    return copies

@@ -1,9 +1,9 @@
 """The floor under bench/placer.py's gRPC figures: a grpc.aio server built as the placer's is (the same
-server options and binding, services/common/grpc_server.py) whose Pick does no work at all, answering
-every call with one fixed reply (a real reply the placer gave, read from --reply, so the bytes on the
-wire are the same). Whatever latency 32 callers in flight see against it is the cost of gRPC, Python and
-this machine alone: no pick code can get the placer below it. Prints "FLOOR_READY address=HOST:PORT";
-stops on SIGTERM/SIGINT.
+server options and binding, services/common/grpc_server.py) whose Pick, and each pick on PickStream, does
+no work at all, answering with one fixed reply (a real reply the placer gave, read from --reply, so the
+bytes on the wire are the same). Whatever latency 32 callers in flight see against it is the cost of
+gRPC, Python and this machine alone: no pick code can get the placer below it. Prints
+"FLOOR_READY address=HOST:PORT"; stops on SIGTERM/SIGINT.
 
     .venv/bin/python -m bench.placer_floor --reply FILE
 """
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -29,6 +30,13 @@ class FixedPick(placer_pb2_grpc.PlacerServicer):
         self, request: placer_pb2.PickRequest, context: grpc.aio.ServicerContext
     ) -> placer_pb2.PickReply:
         return self.reply
+
+    async def PickStream(
+        self, requests: AsyncIterator[placer_pb2.PickCalls], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[placer_pb2.PickAnswers]:
+        async for calls in requests:
+            answers = [placer_pb2.PickAnswer(call_id=c.call_id, reply=self.reply) for c in calls.calls]
+            yield placer_pb2.PickAnswers(answers=answers)
 
 
 async def serve(reply: placer_pb2.PickReply) -> None:

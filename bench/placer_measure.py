@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hanzo.inference.v1 import placer_pb2, placer_pb2_grpc, telemetry_pb2
+from services.gateway.placer_link import PlacerLink
 
 
 @dataclass(frozen=True)
@@ -141,3 +142,23 @@ async def concurrent_calls(
 
     await asyncio.gather(*(loop(k) for k in range(in_flight)))
     return Timed(np.array(latencies) / 1e3, (time.perf_counter_ns() - start) / 1e9)
+
+
+async def streamed_calls(
+    stub: placer_pb2_grpc.PlacerStub,
+    requests: Sequence[placer_pb2.PickRequest],
+    in_flight: int,
+    duration_s: float,
+) -> Timed:
+    """concurrent_calls through one PickStream call, as a remote gateway picks (its PlacerLink), after
+    300 serial picks to warm the call up."""
+    link = PlacerLink(stub)
+    try:
+
+        def pick(request: placer_pb2.PickRequest) -> Awaitable[placer_pb2.PickReply]:
+            return link.pick(request, 10.0, {})
+
+        await serial_calls(pick, requests, 300)
+        return await concurrent_calls(pick, requests, in_flight, duration_s)
+    finally:
+        await link.close()

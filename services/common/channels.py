@@ -12,8 +12,6 @@ beat caps it at that beat's interval.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 import grpc
 
 Options = list[tuple[str, int]]
@@ -51,7 +49,6 @@ def internal_channel(
     address: str,
     keepalive_s: float | None = None,
     reconnect_backoff_s: float | None = None,
-    interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
 ) -> grpc.aio.Channel:
     """A channel to another service of the mesh, with keepalive and a reconnect cap where given."""
     options: Options = []
@@ -59,4 +56,4 @@ def internal_channel(
         options += keepalive_options(keepalive_s)
     if reconnect_backoff_s is not None:
         options += reconnect_options(reconnect_backoff_s)
-    return grpc.aio.insecure_channel(address, options=options, interceptors=interceptors)
+    return grpc.aio.insecure_channel(address, options=options)

@@ -10,7 +10,6 @@ from collections.abc import Iterator, Mapping, Sequence
 
 import grpc
 from opentelemetry import trace
-from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from opentelemetry.propagate import inject
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider as RecordingTracerProvider
@@ -47,11 +46,6 @@ def shutdown_tracing(provider: trace.TracerProvider) -> None:
     """Flush and stop a recording provider's exporters; nothing to do for a no-op one."""
     if isinstance(provider, RecordingTracerProvider):
         provider.shutdown()
-
-
-def client_interceptors(provider: trace.TracerProvider) -> list[grpc.aio.ClientInterceptor]:
-    """Client spans per outgoing call, injecting the trace context into the metadata."""
-    return aio_client_interceptors(tracer_provider=provider)
 
 
 def monotonic_to_ns(t_monotonic: float) -> int:

@@ -16,7 +16,8 @@ from services.common.internal_auth import token_from_env
 class Placement(enum.StrEnum):
     """EMBEDDED: run a placer replica in this process, fed from Redis like any placer (placers are
     stateless readers of it), and pick without a network hop: a Pick RPC was over half of what the
-    gateway added to time to first token. REMOTE: ask the placer service per request."""
+    gateway added to time to first token. REMOTE: ask the placer service per request, each pick a message
+    on one long-lived PickStream call (placer_link.py)."""
 
     EMBEDDED = "embedded"
     REMOTE = "remote"

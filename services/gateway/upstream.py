@@ -13,13 +13,17 @@ from services.common.channels import internal_channel
 from services.common.errors import NotFound, ResourceExhausted, ServiceError, Unavailable
 from services.common.internal_auth import call_metadata
 from services.common.retry_info import retry_after_of
-from services.common.tracing import client_interceptors, local_span
+from services.common.tracing import client_call_span, local_span, record_rpc_error
 from services.common.workload import WorkloadClass
 from services.gateway.ejections import Ejections
+from services.gateway.placer_link import PlacerLink
 from services.gateway.prefix_chain import NO_HINTS, PromptHints
 from services.gateway.worker_link import WorkerLink
 from services.placer.pick.query import PickQuery
 from services.placer.replica import PlacerReplica
+
+_PLACER_PICK = "/hanzo.inference.v1.Placer/Pick"  # a pick over the link reads as a Pick call
+_PLACER_LIST_NODES = "/hanzo.inference.v1.Placer/ListNodes"
 
 
 class Placement(NamedTuple):
@@ -65,11 +69,11 @@ class Upstream:
         self.ejections = ejections or Ejections(0.0)
         self.internal = call_metadata(internal_token)  # on every call to a worker or the placer
         self._tracer = tracer_provider.get_tracer("hanzo.gateway")
-        self._interceptors = client_interceptors(tracer_provider)
-        self._placer_channel = internal_channel(
-            placer_address, keepalive_s=worker_keepalive_s, interceptors=self._interceptors
-        )
+        # No client interceptors: they would trace the long-lived PickStream call as one span; each pick
+        # and ListNodes call gets its own CLIENT span instead (client_call_span).
+        self._placer_channel = internal_channel(placer_address, keepalive_s=worker_keepalive_s)
         self.placer = placer_pb2_grpc.PlacerStub(self._placer_channel)
+        self.placer_link = PlacerLink(self.placer, self.internal)  # every remote pick goes over it
         self.topology = topology
         self._workers: dict[str, _Worker] = {}
 
@@ -143,29 +147,37 @@ class Upstream:
             exclude_nodes=exclude,
             prefix_chain=hints.chain,
             prompt_tokens=hints.prompt_tokens,
+            node_only=True,  # nobody reads the runners-up here
         )
-        try:
-            reply = await self.placer.Pick(request, timeout=timeout_s, metadata=self.internal)
-        except grpc.aio.AioRpcError as error:
-            if error.code() == grpc.StatusCode.NOT_FOUND:
-                raise NotFound(error.details()) from None
-            if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
-                raise relay(error, "placer rejected the request") from None
-            raise Unavailable(f"no worker available for {model!r}: {error.details()}") from None
-        return Placement(reply.node_id, reply.address)
+        with client_call_span(self._tracer, _PLACER_PICK) as (span, metadata):
+            try:
+                reply = await self.placer_link.pick(request, timeout_s, dict(metadata))
+            except grpc.aio.AioRpcError as failed:
+                record_rpc_error(span, failed.code(), failed.details())
+                error = failed
+            else:
+                return Placement(reply.node_id, reply.address)
+        if error.code() == grpc.StatusCode.NOT_FOUND:
+            raise NotFound(error.details())
+        if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+            raise relay(error, "placer rejected the request")
+        raise Unavailable(f"no worker available for {model!r}: {error.details()}")
 
     async def list_nodes(self, timeout_s: float) -> placer_pb2.ListNodesReply:
         if self.local is not None:
             return self.local.list_nodes([])
-        try:
-            return await self.placer.ListNodes(
-                placer_pb2.ListNodesRequest(), timeout=timeout_s, metadata=self.internal
-            )
-        except grpc.aio.AioRpcError as error:
-            raise Unavailable(f"placer unreachable: {error.details()}") from None
+        with client_call_span(self._tracer, _PLACER_LIST_NODES, self.internal) as (span, metadata):
+            try:
+                return await self.placer.ListNodes(
+                    placer_pb2.ListNodesRequest(), timeout=timeout_s, metadata=metadata
+                )
+            except grpc.aio.AioRpcError as error:
+                record_rpc_error(span, error.code(), error.details())
+                raise Unavailable(f"placer unreachable: {error.details()}") from None
 
     async def close(self) -> None:
         for worker in self._workers.values():
             await worker.link.close()
             await worker.channel.close()
+        await self.placer_link.close()
         await self._placer_channel.close()

@@ -17,25 +17,12 @@ import grpc
 
 from hanzo.inference.v1 import inference_pb2, worker_pb2, worker_pb2_grpc
 from services.common.internal_auth import Metadata
-from services.common.retry_info import DETAILS_KEY
-
-_STATUS = {code.value[0]: code for code in grpc.StatusCode}
+from services.common.multiplexed import read_until_ended, rpc_error, status_code
 
 
 class LinkBroken(grpc.aio.AioRpcError):
     """UNAVAILABLE for every stream of a link that broke: the worker died, hung past its keepalive, or
     closed the call; the gateway leaves such a worker out of its picks for a while (ejections.py)."""
-
-
-def _error(
-    code: grpc.StatusCode,
-    details: str,
-    status_details: bytes = b"",
-    kind: type[grpc.aio.AioRpcError] = grpc.aio.AioRpcError,
-) -> grpc.aio.AioRpcError:
-    """The error a Generate call would have raised, its rich status (RetryInfo) in the trailers."""
-    trailing = grpc.aio.Metadata((DETAILS_KEY, status_details)) if status_details else grpc.aio.Metadata()
-    return kind(code, grpc.aio.Metadata(), trailing, details)
 
 
 class LinkStream:
@@ -63,8 +50,7 @@ class LinkStream:
         self._call.forget(self.stream_id)
         if event.end.code == grpc.StatusCode.OK.value[0]:
             raise StopAsyncIteration
-        code = _STATUS.get(event.end.code, grpc.StatusCode.UNKNOWN)
-        raise _error(code, event.end.details, event.end.status_details)
+        raise rpc_error(status_code(event.end.code), event.end.details, event.end.status_details)
 
     def cancel(self) -> None:
         """Stop the stream: the worker aborts its request and frees its KV. Nothing to do once ended."""
@@ -131,24 +117,21 @@ class _LinkCall:
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
             self.call.cancel()  # the call is over: the reader sees it end and fails its streams
 
+    def _deliver(self, batch: worker_pb2.StreamEvents) -> None:
+        for event in batch.events:
+            stream = self.streams.get(event.stream_id)
+            if stream is not None:
+                stream.deliver(event)
+
     async def _read(self) -> None:
-        reason = "closed the link"
+        reason = "closed the link"  # the worker drained: it ended the call once its streams were done
         try:
-            while True:
-                batch = await self.call.read()
-                if batch is grpc.aio.EOF:
-                    break  # the worker drained: it ended the call once its streams were done
-                for event in batch.events:
-                    stream = self.streams.get(event.stream_id)
-                    if stream is not None:
-                        stream.deliver(event)
-        except grpc.aio.AioRpcError as failed:
-            reason = f"{failed.code().name}: {failed.details()}"
+            reason = await read_until_ended(self.call, self._deliver, reason)
         finally:
             self.broken = True
             self._writer.cancel()
             why = f"link to worker {self.address} broke ({reason})"
-            error = _error(grpc.StatusCode.UNAVAILABLE, why, kind=LinkBroken)
+            error = rpc_error(grpc.StatusCode.UNAVAILABLE, why, kind=LinkBroken)
             for stream in self.streams.values():
                 stream.deliver(error)
             self.streams.clear()

@@ -52,12 +52,17 @@ class PlacerApp:
         )
         self.store, self.view, self.demand = self.replica.store, self.replica.view, self.replica.demand
         self.metrics.registry.register(FleetGpuCollector(lambda: self.view.snapshot))
-        self.servicer = PlacerServicer(settings, self.replica)
-        self.server = new_server()
         check = server_check(settings.internal_token, "placer")
         tracer = self.tracer_provider.get_tracer("hanzo.placer")
+        self.servicer = PlacerServicer(settings, self.replica, tracer, check)
+        self.server = new_server()
         serve_instrumented(
-            self.servicer, SERVICE, tracer, check, metrics=GrpcServerMetrics(self.metrics.registry)
+            self.servicer,
+            SERVICE,
+            tracer,
+            check,
+            unwrapped=frozenset({"PickStream"}),
+            metrics=GrpcServerMetrics(self.metrics.registry),
         )
         placer_pb2_grpc.add_PlacerServicer_to_server(self.servicer, self.server)
         self.health = add_health_and_reflection(self.server, [SERVICE_NAME])

@@ -57,21 +57,24 @@ class PlacerReplica:
         await self.store.close()
 
     def pick(self, request: placer_pb2.PickRequest) -> placer_pb2.PickReply:
-        """The Pick RPC's decision, explained (runners-up and their scores)."""
+        """The Pick RPC's decision, explained (runners-up and their scores) unless the request asks for the
+        node only."""
         query = self.query_of(request)
         workload = query.workload_class
         result = self.choose(query)
-        return placer_pb2.PickReply(
+        reply = placer_pb2.PickReply(
             node_id=result.node_id,
             address=result.address,
             workload_class=int(workload),
             stale=self.view.stale,
             considered=result.considered,
-            candidates=[
+        )
+        if not request.node_only:
+            reply.candidates.extend(
                 placer_pb2.ScoredCandidate(node_id=c.node_id, total=c.total, scores=c.scores)
                 for c in result.candidates
-            ],
-        )
+            )
+        return reply
 
     @staticmethod
     def query_of(request: placer_pb2.PickRequest) -> PickQuery:
@@ -97,7 +100,7 @@ class PlacerReplica:
             prompt_tokens=request.prompt_tokens,
             exclude=frozenset(request.exclude_nodes),
             now_s=time.time(),
-            explain_top=request.explain_top or 3,
+            explain_top=0 if request.node_only else request.explain_top or 3,
         )
 
     def choose(self, query: PickQuery) -> PickResult:

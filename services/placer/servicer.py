@@ -1,4 +1,5 @@
-"""The Placer gRPC service: thin handlers from protobuf to the cluster view and the picker and back."""
+"""The Placer gRPC service: thin handlers from protobuf to the cluster view and the picker and back
+(PickStream's picks: pick_stream.py)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,34 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
+from opentelemetry import trace
 
 from hanzo.inference.v1 import cluster_state_pb2, placer_pb2, placer_pb2_grpc, telemetry_pb2
-from services.common.errors import InvalidArgument
+from services.common.errors import InvalidArgument, Unauthenticated
+from services.common.served import Authenticate
 from services.placer.config import PlacerSettings
+from services.placer.pick_stream import PickAnswerer
 from services.placer.placement import directives
 from services.placer.replica import PlacerReplica
 
 
 class PlacerServicer(placer_pb2_grpc.PlacerServicer):
-    def __init__(self, settings: PlacerSettings, replica: PlacerReplica) -> None:
+    def __init__(
+        self,
+        settings: PlacerSettings,
+        replica: PlacerReplica,
+        tracer: trace.Tracer | None = None,
+        authenticate: Authenticate | None = None,
+    ) -> None:
+        """authenticate: the internal-token check; PickStream applies it itself (serve_instrumented leaves
+        that multiplexing method unwrapped, its picks traced one by one)."""
         self.settings = settings
         self.replica = replica
         self.store = replica.store
         self.view = replica.view
         self.metrics = replica.metrics
+        self.authenticate = authenticate
+        self.answerer = PickAnswerer(replica.pick, tracer or trace.NoOpTracer())
 
     async def Heartbeat(
         self, request: placer_pb2.NodeReport, context: grpc.aio.ServicerContext
@@ -68,6 +82,21 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
         self, request: placer_pb2.PickRequest, context: grpc.aio.ServicerContext
     ) -> placer_pb2.PickReply:
         return self.replica.pick(request)
+
+    async def PickStream(
+        self, requests: AsyncIterator[placer_pb2.PickCalls], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[placer_pb2.PickAnswers]:
+        if self.authenticate is not None:
+            try:
+                self.authenticate(dict(context.invocation_metadata() or ()))
+            except Unauthenticated as refused:
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refused))
+        async for calls in requests:
+            try:
+                answers = self.answerer.answer(calls)
+            except InvalidArgument as refused:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(refused))
+            yield answers
 
     async def ListNodes(
         self, request: placer_pb2.ListNodesRequest, context: grpc.aio.ServicerContext

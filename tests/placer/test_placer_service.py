@@ -24,14 +24,13 @@ BEAT_S = 0.2  # heartbeat interval in these tests; nodes expire 3 beats after th
 
 @contextlib.asynccontextmanager
 async def running_placer(redis_url: str, **overrides: object) -> AsyncIterator[PlacerApp]:
-    settings = PlacerSettings(
-        redis_url=redis_url,
-        port=0,
-        heartbeat_interval_s=BEAT_S,
-        resync_interval_s=0.1,
-        planner_interval_s=0.3,
-        **overrides,  # type: ignore[arg-type]
-    )
+    fields: dict[str, object] = {
+        "port": 0,
+        "heartbeat_interval_s": BEAT_S,
+        "resync_interval_s": 0.1,
+        "planner_interval_s": 0.3,
+    }
+    settings = PlacerSettings(redis_url=redis_url, **{**fields, **overrides})  # type: ignore[arg-type]
     app = PlacerApp(settings)
     await app.start()
     try:
