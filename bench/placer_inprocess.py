@@ -12,11 +12,12 @@ import numpy as np
 
 from bench.placer_measure import Timed, inprocess_picks
 from bench.placer_naive import NaivePicker
+from bench.progress import log
 from hanzo.inference.v1 import cluster_state_pb2, placer_pb2
 from services.placer.app import PlacerApp
 from services.placer.cluster.convert import node_record
 from services.placer.config import PlacerSettings
-from services.placer.pick import ClassWeights, Picker
+from services.placer.pick import ClassWeights, Picker, PickResult
 from services.placer.replica import PlacerReplica
 
 BURST_S = 0.002  # picks run this long between yields to the event loop
@@ -108,6 +109,13 @@ class InProcessPlacer:
                 node_record(beat, view.thermal.get(beat.report.node_id))
             )  # every beat, before
             full_us.append((time.perf_counter_ns() - t0) / 1e3)
+            # Back to the load Redis holds: a resync would not undo it (it rereads only changed bytes),
+            # and naive_agreement compares this view with a picker reading Redis. A new message: the
+            # view holds the one it was given.
+            restore = cluster_state_pb2.NodeEntry()
+            restore.CopyFrom(entry)
+            restore.deadline_s = beat.deadline_s + 1e-3
+            view.apply_node(restore)
         picker_us = []
         for i in range(1000):
             query = PlacerReplica.query_of(requests[i % len(requests)])
@@ -177,4 +185,31 @@ async def naive_agreement(
             and ours.considered == theirs.considered
         ):
             agreed += 1
+        else:  # on stderr, so a disagreement can be looked into
+            log(
+                f"naive disagrees: {plain.model} class {plain.workload_class} exclude "
+                f"{list(plain.exclude_nodes)}: ours {_decision(ours)}, naive {_decision(theirs)}; "
+                f"scores apart (ours, naive): {_scores_apart(ours, theirs)}"
+            )
     return agreed, len(requests)
+
+
+def _decision(result: PickResult | placer_pb2.PickReply | None) -> str:
+    if result is None:
+        return "none"
+    total = result.total if isinstance(result, PickResult) else result.candidates[0].total
+    return f"{result.node_id} total {total:.6f} of {result.considered} considered"
+
+
+def _scores_apart(
+    ours: PickResult | None, theirs: placer_pb2.PickReply | None
+) -> dict[str, tuple[float, float]]:
+    """The chosen node's scores on which the two differ, where both chose the same node."""
+    if ours is None or theirs is None or ours.node_id != theirs.node_id:
+        return {}
+    mine, naive = ours.candidates[0].scores, theirs.candidates[0].scores
+    return {
+        name: (round(mine[name], 6), round(naive.get(name, 0.0), 6))
+        for name in mine
+        if abs(mine[name] - naive.get(name, 0.0)) > 1e-9
+    }
