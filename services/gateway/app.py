@@ -48,6 +48,7 @@ class GatewayApp:
                 settings.resync_interval_s,
                 {},
                 PlacerMetrics(self.metrics.registry),
+                settings.prefix_capacity,
             )
         self.upstream = Upstream(
             settings.placer_address,

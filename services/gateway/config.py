@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from services.common.env import env_enum, env_float, env_int, env_optional_int, env_str
 from services.common.internal_auth import token_from_env
+from services.placer.config import PREFIX_CAPACITY
 
 
 class Placement(enum.StrEnum):
@@ -49,6 +50,7 @@ class GatewaySettings:
     key_prefix: str = "hanzo"
     resync_interval_s: float = 5.0
     demand_window_s: float = 5.0
+    prefix_capacity: int = PREFIX_CAPACITY  # the embedded replica's prefix memo, in chain elements
     http_port: int | None = 8000  # vLLM's default port, so OpenAI clients configured for it just work
     http_timeout_s: float = 600.0
     http_max_body_bytes: int = 8 * 1024 * 1024
@@ -96,6 +98,7 @@ class GatewaySettings:
             key_prefix=env_str(environ, p + "KEY_PREFIX", cls.key_prefix),
             resync_interval_s=env_float(environ, p + "RESYNC_INTERVAL_S", cls.resync_interval_s, 0.01),
             demand_window_s=env_float(environ, p + "DEMAND_WINDOW_S", cls.demand_window_s, 0.01),
+            prefix_capacity=env_int(environ, p + "PREFIX_CAPACITY", cls.prefix_capacity, minimum=0),
             http_port=_http_port(environ, p + "HTTP_PORT"),
             http_timeout_s=env_float(environ, p + "HTTP_TIMEOUT_S", cls.http_timeout_s, 0.001),
             http_max_body_bytes=env_int(environ, p + "HTTP_MAX_BODY_BYTES", cls.http_max_body_bytes, 1),

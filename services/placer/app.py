@@ -49,6 +49,7 @@ class PlacerApp:
             settings.resync_interval_s,
             settings.class_weights,
             self.metrics,
+            settings.prefix_capacity,
         )
         self.store, self.view, self.demand = self.replica.store, self.replica.view, self.replica.demand
         self.metrics.registry.register(FleetGpuCollector(lambda: self.view.snapshot))

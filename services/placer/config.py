@@ -11,6 +11,14 @@ from pathlib import Path
 from services.common.env import env_float, env_int, env_optional_int, env_str
 from services.common.internal_auth import token_from_env
 
+# Prefix chain elements a replica's memo remembers at most: about 90 s of the chains the simulator's
+# workload sends from 1,000 GPUs (34 elements a second per GPU, four fifths of them batch documents that
+# no later prompt repeats), where 99.6% of chats' later turns (20 s think times) still find their history
+# (100,000, the earlier figure, kept 17%); about 130 bytes an element, ~390 MB when full, and a memo only
+# fills as traffic comes. python -m sim.memo_reach measures what a capacity keeps (docs/simulator.md,
+# "How long the prefix memo remembers").
+PREFIX_CAPACITY = 3_000_000
+
 
 @dataclass(frozen=True)
 class PlacerSettings:
@@ -35,6 +43,7 @@ class PlacerSettings:
     model_capacity_rps: dict[str, float] = field(default_factory=dict)
     class_weights: dict[str, dict[str, float]] = field(default_factory=dict)
     internal_token: str | None = field(default=None, repr=False)  # HANZO_INTERNAL_TOKEN (internal_auth.py)
+    prefix_capacity: int = PREFIX_CAPACITY  # HANZO_PLACER_PREFIX_CAPACITY, elements
 
     @property
     def node_ttl_s(self) -> float:
@@ -64,6 +73,7 @@ class PlacerSettings:
             model_capacity_rps=_model_capacities(environ, p + "MODEL_CAPACITY_RPS"),
             class_weights=weights,
             internal_token=token_from_env(environ),
+            prefix_capacity=env_int(environ, p + "PREFIX_CAPACITY", cls.prefix_capacity, minimum=0),
         )
 
 

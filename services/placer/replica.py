@@ -15,6 +15,7 @@ from services.common.workload import WorkloadClass
 from services.placer.cluster.schema import Keys
 from services.placer.cluster.store import ClusterStore
 from services.placer.cluster.view import ClusterView, SyncSettings
+from services.placer.config import PREFIX_CAPACITY
 from services.placer.demand import DemandCounter
 from services.placer.metrics import PlacerMetrics
 from services.placer.pick.framework import Picker, PickResult
@@ -32,11 +33,13 @@ class PlacerReplica:
         resync_interval_s: float,
         class_weights: dict[str, dict[str, float]],
         metrics: PlacerMetrics,
+        prefix_capacity: int = PREFIX_CAPACITY,
     ) -> None:
+        """prefix_capacity: prefix chain elements the picker's memo remembers (see PREFIX_CAPACITY)."""
         self.store = ClusterStore(redis_url, Keys(key_prefix))
         self.view = ClusterView(self.store, SyncSettings(resync_interval_s=resync_interval_s))
         weights = ClassWeights.from_config(class_weights)
-        self.picker = Picker(weights)
+        self.picker = Picker(weights, prefix_capacity=prefix_capacity)
         self._weights = {w: weights.for_class(w) for w in WorkloadClass}  # what decides the winning scorer
         self.demand = DemandCounter()
         self.metrics = metrics
