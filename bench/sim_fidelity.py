@@ -10,6 +10,9 @@ agents run their simulated GPU with no heating (HANZO_TELEMETRY_SIM_HEATING_C_AT
 temperature would otherwise follow seat occupancy to past the slowdown threshold and steer the placer by
 heat a CPU does not have; the simulated mesh is thermally neutral the same way (sim/cpu_profile.py).
 Headline errors are the worst class's (the target holds for each); request-weighted means beside them.
+fit_spread: the simulated side again on --fit-refits refits of the step costs (each to a bootstrap
+resample of the calibration trace's steps), each figure's range over them, and how far the real one lies
+outside it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
 
 from bench.fidelity_mesh import serve_on_mesh
 from bench.fidelity_steps import out_of_sample
@@ -40,7 +45,9 @@ from sim.fidelity import (
     load_scale_of,
     make_trace,
     mesh_workload,
+    metric_ranges,
     offered_load,
+    outside_range,
     pooled_metrics,
     preemptions_by_class,
     relative_errors,
@@ -50,7 +57,8 @@ from sim.fidelity import (
 )
 from sim.fleet import NetworkCosts
 from sim.serving_fit import logs_by_model, request_overhead_s, serving_calibration
-from sim.sharegpt import conversations
+from sim.sharegpt import Conversation, conversations
+from sim.trace import Trace
 
 FULL = FidelityPlan(mesh_workload(180.0))
 QUICK = FidelityPlan(mesh_workload(40.0))
@@ -81,6 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="every class's session rate times this (default 1: the mesh scale's rates); the offered "
         "load moves with it, the mix stays",
     )  # fmt: skip
+    parser.add_argument(
+        "--fit-refits", type=int, default=20,
+        help="simulate again on this many refits of the step costs, each to a bootstrap resample of the "
+        "calibration's logged steps: the range the fit's uncertainty spans (0: none)",
+    )  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sim-only", action="store_true", help="only the simulated side (sizing the trace)")
     parser.add_argument(
@@ -106,13 +119,16 @@ def run_fidelity(
     out: Path = OUT,
     calibration_window_s: float | None = None,
     repeats: int = 1,
+    fit_refits: int = 0,
 ) -> dict[str, object]:
     """The simulated side on the offline calibration, then (unless sim_only) the real mesh: a calibration
     trace of its own seed (calibration_window_s long, default the plan's window up to CALIBRATION_MAX_S;
     0: none) whose logged steps refit the profile, then the plan's trace, repeats times; the simulated
     side again on the serving fit, and both fits' errors against the repeats pooled. With repeats > 1,
-    each later repeat's error against the first (the real mesh predicting itself). The result is also
-    written to out (and every request on both sides next to it)."""
+    each later repeat's error against the first (the real mesh predicting itself). fit_refits: the
+    simulated side again on that many refits of the serving fit, each to a bootstrap resample of the
+    calibration's steps, for the range the fit's own uncertainty spans. The result is also written to out
+    (and every request on both sides next to it)."""
     started = time.perf_counter()
     offline = calibrate()
     profile = cpu_profile(offline, CHAT_MODEL, EMBED_MODEL)
@@ -152,11 +168,12 @@ def run_fidelity(
         real_runs, meta, calibration_served = serve_on_mesh(
             trace, plan.seed, words, Path(steps), calibration_trace, repeats
         )
-        serving = (
-            serving_calibration(offline, logs_by_model(Path(steps) / "calibration"))
-            if calibration_trace is not None
-            else offline
-        )
+        calibration_logs = logs_by_model(Path(steps) / "calibration")
+        serving = serving_calibration(offline, calibration_logs) if calibration_trace is not None else offline
+        refits = [
+            serving_calibration(offline, calibration_logs, resample=np.random.default_rng([plan.seed, 30, k]))
+            for k in range(fit_refits if calibration_trace is not None else 0)
+        ]
         evaluation = Path(steps) / "evaluation"
         step_fit = {
             "offline": out_of_sample(offline, evaluation),
@@ -183,6 +200,7 @@ def run_fidelity(
     in_run_profile = cpu_profile(in_run, CHAT_MODEL, EMBED_MODEL)
     in_run_served, _ = simulate(trace, in_run_profile, plan.seed, turns, network)
     errors_in_run = relative_errors(real, class_metrics(in_run_served, trace.duration_s))
+    fit_spread = _fit_spread(real, refits, trace, plan.seed, turns, network)
     repeats_real = [class_metrics(run, trace.duration_s) for run in real_runs]
     errors_between_repeats = [relative_errors(repeats_real[0], later) for later in repeats_real[1:]]
     result.update(
@@ -233,6 +251,7 @@ def run_fidelity(
             "real_repeats": [routing_shares(run) for run in real_runs],
             "sim": routing_shares(sim_served),
         },
+        fit_spread=fit_spread,
         target=TARGET,
         mesh=meta,
         failed_real=sum(1 for s in real_served if s.status != "OK"),
@@ -249,6 +268,32 @@ def run_fidelity(
     }
     out.with_name(out.stem + "_requests.json").write_text(json.dumps(detail))
     return result
+
+
+def _fit_spread(
+    real: dict[str, dict[str, float | int | None]],
+    refits: list[dict[str, object]],
+    trace: Trace,
+    seed: int,
+    turns: list[Conversation],
+    network: NetworkCosts,
+) -> dict[str, object] | None:
+    """The simulated figures' range over the refits of the step costs (each to a bootstrap resample of the
+    calibration's steps), and how far outside it each real figure lies (0: inside); None without refits."""
+    if not refits:
+        return None
+    runs = []
+    for refit in refits:
+        served, _ = simulate(trace, cpu_profile(refit, CHAT_MODEL, EMBED_MODEL), seed, turns, network)
+        runs.append(class_metrics(served, trace.duration_s))
+    ranges = metric_ranges(runs)
+    outside = outside_range(real, ranges)
+    return {
+        "refits": len(runs),
+        "ranges": ranges,
+        "real_outside": outside,
+        **{f"worst_{m}": headline(outside, m) for m in METRICS},
+    }
 
 
 def resimulate(last: Path) -> dict[str, object]:
@@ -318,7 +363,13 @@ def main(argv: list[str] | None = None) -> int:
             print(f"--load-scale must be positive, got {args.load_scale}", file=sys.stderr)
             return 2
         plan = replace(plan, workload=mesh_workload(plan.workload.duration_s, args.load_scale))
-    result = run_fidelity(plan, args.sim_only, OUT_QUICK if args.quick else OUT, repeats=args.repeats)
+    result = run_fidelity(
+        plan,
+        args.sim_only,
+        OUT_QUICK if args.quick else OUT,
+        repeats=args.repeats,
+        fit_refits=args.fit_refits,
+    )
     print(json.dumps({**result, "quick": args.quick}))
     return 0
 

@@ -233,3 +233,37 @@ def weighted(
     pairs = [(e[metric], int(real[c]["requests"])) for c, e in errors.items() if e.get(metric) is not None]  # type: ignore[call-overload]
     total = sum(n for _, n in pairs)
     return sum(v * n for v, n in pairs) / total if total else None  # type: ignore[operator]
+
+
+def metric_ranges(
+    runs: list[dict[str, dict[str, float | int | None]]],
+) -> dict[str, dict[str, list[float] | None]]:
+    """Per class and metric, [lowest, highest] over runs (class_metrics each, e.g. one per refit of the
+    step costs); None where a run lacks the figure."""
+    out: dict[str, dict[str, list[float] | None]] = {}
+    for name in runs[0] if runs else {}:
+        out[name] = {}
+        for metric in METRICS:
+            values = [run[name].get(metric) for run in runs]
+            numbers = [float(v) for v in values if isinstance(v, float | int)]
+            out[name][metric] = [min(numbers), max(numbers)] if len(numbers) == len(values) else None
+    return out
+
+
+def outside_range(
+    real: Mapping[str, Mapping[str, float | int | None]],
+    ranges: Mapping[str, Mapping[str, list[float] | None]],
+) -> dict[str, dict[str, float | None]]:
+    """Per class and metric, how far the real figure lies outside the simulated range, relative to the
+    real figure (0 inside it; None where either is missing)."""
+    out: dict[str, dict[str, float | None]] = {}
+    for name, measured in real.items():
+        out[name] = {}
+        for metric in METRICS:
+            r, span = measured.get(metric), ranges.get(name, {}).get(metric)
+            if not isinstance(r, float | int) or not r or span is None:
+                out[name][metric] = None
+                continue
+            low, high = span
+            out[name][metric] = max(low - r, r - high, 0.0) / r
+    return out

@@ -54,12 +54,16 @@ def logs_by_model(directory: Path) -> dict[str, list[Path]]:
 
 
 def serving_calibration(
-    offline: Mapping[str, object], logs: Mapping[str, Iterable[Path]], samples_per_term: int = 10
+    offline: Mapping[str, object],
+    logs: Mapping[str, Iterable[Path]],
+    samples_per_term: int = 10,
+    resample: np.random.Generator | None = None,
 ) -> dict[str, object]:
     """offline (sim/calibrate.py's record) with each logged model's coefficients and residuals refitted
     to its serving steps; the rest (sizes, worker configuration) as calibrated. A model with fewer than
     samples_per_term logged steps per fitted term keeps its offline fit (named under "kept_offline").
-    ValueError when a logged model is not in offline."""
+    ValueError when a logged model is not in offline. resample: fit a bootstrap resample of each model's
+    steps instead (as many, drawn with replacement), for the spread of the fit."""
     result = copy.deepcopy(dict(offline))
     models = result["models"]
     assert isinstance(models, dict)
@@ -69,6 +73,8 @@ def serving_calibration(
             known = ", ".join(sorted(models))
             raise ValueError(f"step logs for {name!r}, which the calibration does not know ({known})")
         samples = [s for path in paths for s in read_step_log(path)]
+        if resample is not None and samples:
+            samples = [samples[i] for i in resample.integers(len(samples), size=len(samples))]
         record = models[name]
         terms = ENCODER_TERMS if int(record["kv_bytes_per_token"]) == 0 else TERMS
         if len(samples) < samples_per_term * len(terms):

@@ -26,6 +26,8 @@ from sim.fidelity import (
     load_scale_of,
     make_trace,
     mesh_workload,
+    metric_ranges,
+    outside_range,
     pooled_metrics,
     relative_errors,
     routing_shares,
@@ -136,3 +138,18 @@ async def test_the_real_mesh_and_the_simulation_agree_on_requests_and_tokens(
         for name, per_node in shares.items():
             served_any = 1.0 if real_metrics[name]["requests"] else 0.0
             assert sum(per_node.values()) == pytest.approx(served_any, abs=1e-3), name
+
+
+def test_the_fit_spread_is_each_figures_range_and_how_far_real_lies_outside() -> None:
+    runs = [
+        {"chat": {"ttft_p50_s": 0.2, "ttft_p99_s": 1.0, "throughput": 10.0}},
+        {"chat": {"ttft_p50_s": 0.4, "ttft_p99_s": 2.0, "throughput": 12.0}},
+        {"chat": {"ttft_p50_s": 0.3, "ttft_p99_s": None, "throughput": 11.0}},
+    ]
+    ranges = metric_ranges(runs)
+    assert ranges == {"chat": {"ttft_p50_s": [0.2, 0.4], "ttft_p99_s": None, "throughput": [10.0, 12.0]}}
+    real = {"chat": {"ttft_p50_s": 0.25, "ttft_p99_s": 1.5, "throughput": 15.0}}
+    assert outside_range(real, ranges) == {
+        "chat": {"ttft_p50_s": 0.0, "ttft_p99_s": None, "throughput": pytest.approx(0.2)}
+    }
+    assert outside_range({"chat": {"ttft_p50_s": 0.1}}, ranges)["chat"]["ttft_p50_s"] == pytest.approx(1.0)

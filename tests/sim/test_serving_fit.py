@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.fidelity_steps import cut_logs, log_sizes, out_of_sample
@@ -118,3 +119,18 @@ def test_the_request_overhead_is_what_embeddings_took_beyond_their_encode() -> N
     network = NetworkCosts(request_overhead_s=0.008)
     assert network.round_trip_s(True) == pytest.approx(NetworkCosts().round_trip_s(True) + 0.008)
     assert network.round_trip_s(False) == pytest.approx(NetworkCosts().round_trip_s(False) + 0.008)
+
+
+def test_a_resampled_fit_draws_the_same_number_of_steps_with_replacement(tmp_path: Path) -> None:
+    log = StepLog(tmp_path / "worker-41-chat-model.jsonl")
+    written = _write_steps(log, SERVING)
+    log.close()
+    logs = logs_by_model(tmp_path)
+    fits = [
+        serving_calibration(_calibration(), logs, samples_per_term=2, resample=np.random.default_rng(seed))
+        for seed in (1, 1, 2)
+    ]
+    steps = [[tuple(sorted(s.items())) for s in f["models"]["chat-model"]["steps"]] for f in fits]  # type: ignore[index]
+    assert all(len(s) == written for s in steps)
+    assert steps[0] == steps[1] != steps[2]  # seeded: the same draw again, another seed another
+    assert len(set(steps[2])) < written  # with replacement: some steps twice, some not at all
