@@ -33,6 +33,7 @@ from bench.fidelity_mesh import serve_on_mesh
 from bench.fidelity_steps import out_of_sample
 from services.common.workload import WorkloadClass
 from sim.calibrate import calibrate, single_token_words
+from sim.cli_args import count
 from sim.cpu_profile import cpu_profile
 from sim.fidelity import (
     CHAT_MODEL,
@@ -90,7 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "load moves with it, the mix stays",
     )  # fmt: skip
     parser.add_argument(
-        "--fit-refits", type=int, default=20,
+        "--fit-refits", type=count, default=20,
         help="simulate again on this many refits of the step costs, each to a bootstrap resample of the "
         "calibration's logged steps: the range the fit's uncertainty spans (0: none)",
     )  # fmt: skip

@@ -16,25 +16,13 @@ from pathlib import Path
 
 from services.placer.pick.weights import ClassWeights
 from sim import COMPILED
+from sim.cli_args import positive
 from sim.compare import run_policies
 from sim.config import SimConfig, WorkloadConfig
 from sim.fleet import Cooling, FleetLayout
 from sim.plot import plot
 from sim.policies import EXPERIMENTS, POLICIES
 from sim.profiles import H200
-
-
-def _positive(kind: type) -> object:
-    def parse(text: str) -> object:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a {kind.__name__}") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-        return value
-
-    return parse
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,15 +32,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"comma-separated, of: {', '.join(POLICIES)} (the default), and the experiment "
         f"{', '.join(EXPERIMENTS)} (sim/latency_reserve.py)",
     )  # fmt: skip
-    parser.add_argument("--hosts", type=_positive(int), default=125, help="8-GPU hosts (125: 1,000 GPUs)")
-    parser.add_argument("--gpus-per-host", type=_positive(int), default=8)
-    parser.add_argument("--minutes", type=_positive(float), default=30.0, help="simulated minutes")
+    parser.add_argument("--hosts", type=positive(int), default=125, help="8-GPU hosts (125: 1,000 GPUs)")
+    parser.add_argument("--gpus-per-host", type=positive(int), default=8)
+    parser.add_argument("--minutes", type=positive(float), default=30.0, help="simulated minutes")
     parser.add_argument("--cooling", choices=[c.value for c in Cooling], default=Cooling.SEVERE.value)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--load-scale", type=_positive(float), default=1.0, help="multiply every arrival rate"
-    )
-    parser.add_argument("--jobs", type=_positive(int), default=None, help="parallel runs (default: the CPUs)")
+    parser.add_argument("--load-scale", type=positive(float), default=1.0, help="multiply every arrival rate")
+    parser.add_argument("--jobs", type=positive(int), default=None, help="parallel runs (default: the CPUs)")
     parser.add_argument("--plot", type=Path, default=None, help="write the comparison as a PNG here")
     parser.add_argument(
         "--planner", action="store_true",
@@ -64,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "to one reloads it, and --planner moves them ahead of requests",
     )  # fmt: skip
     parser.add_argument(
-        "--reserve-seats", type=_positive(float), default=SimConfig.reserve_seats, metavar="SEATS",
+        "--reserve-seats", type=positive(float), default=SimConfig.reserve_seats, metavar="SEATS",
         help="ours_reserve: latency requests per reserved node it sizes its reserve for",
     )  # fmt: skip
     parser.add_argument(

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from services.common.workload import WorkloadClass
 from services.placer.pick.memo import PrefixMemo
 from services.placer.pick.query import MAX_PREFIX_CHAIN
+from sim.cli_args import counts, positive
 from sim.compare import CONVERSATIONS
 from sim.config import Models, WorkloadConfig
 from sim.fleet import FleetLayout
@@ -121,10 +122,15 @@ def replay(sessions: tuple[TraceSession, ...], capacity: int) -> dict[str, objec
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hosts", type=int, default=125, help="hosts of 8 GPUs (the full run's 125)")
-    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument(
+        "--hosts", type=positive(int), default=125, help="hosts of 8 GPUs (the full run's 125)"
+    )
+    parser.add_argument("--minutes", type=positive(float), default=30.0)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--capacities", default="10000,30000,100000,300000,1000000,10000000")
+    parser.add_argument(
+        "--capacities", type=counts, default=[10_000, 30_000, 100_000, 300_000, 1_000_000, 10_000_000],
+        help="comma-separated memo capacities, in chain elements",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     started = time.perf_counter()
     layout = FleetLayout(hosts=args.hosts)
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
         "elements_share": {name: round(n / written, 3) for name, n in elements.most_common()},
         "capacities": {},
     }
-    for capacity in (int(c) for c in args.capacities.split(",")):
+    for capacity in args.capacities:
         out["capacities"][str(capacity)] = {  # type: ignore[index]
             "seconds_of_traffic": round(capacity / max(written / config.duration_s, 1e-9), 1),
             **replay(trace.sessions, capacity),

@@ -23,6 +23,7 @@ from opentelemetry import trace
 from opentelemetry.propagate import extract
 
 from services.common.error_status import StatusMapper, service_status
+from services.common.errors import Unauthenticated
 from services.common.grpc_metrics import GrpcServerMetrics, MethodMetrics
 from services.common.retry_info import retry_trailers
 from services.common.tracing import local_span, records_spans, rpc_attributes
@@ -145,6 +146,17 @@ class _Call:
 
     def _span(self, metadata: Mapping[str, str]) -> Any:
         return server_span(self.tracer, self.full_method, self.attributes, metadata)
+
+
+async def check_caller(authenticate: Authenticate | None, context: grpc.aio.ServicerContext) -> None:
+    """For a multiplexing method serve_instrumented leaves unwrapped: the caller check, once, when its
+    call opens; a refused caller's call ends UNAUTHENTICATED (abort raises)."""
+    if authenticate is None:
+        return
+    try:
+        authenticate(dict(context.invocation_metadata() or ()))
+    except Unauthenticated as refused:
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refused))
 
 
 def server_span(

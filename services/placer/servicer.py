@@ -10,8 +10,8 @@ import grpc
 from opentelemetry import trace
 
 from hanzo.inference.v1 import cluster_state_pb2, placer_pb2, placer_pb2_grpc, telemetry_pb2
-from services.common.errors import InvalidArgument, Unauthenticated
-from services.common.served import Authenticate
+from services.common.errors import InvalidArgument
+from services.common.served import Authenticate, check_caller
 from services.placer.config import PlacerSettings
 from services.placer.pick_stream import PickAnswerer
 from services.placer.placement import directives
@@ -86,11 +86,7 @@ class PlacerServicer(placer_pb2_grpc.PlacerServicer):
     async def PickStream(
         self, requests: AsyncIterator[placer_pb2.PickCalls], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[placer_pb2.PickAnswers]:
-        if self.authenticate is not None:
-            try:
-                self.authenticate(dict(context.invocation_metadata() or ()))
-            except Unauthenticated as refused:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refused))
+        await check_caller(self.authenticate, context)
         async for calls in requests:
             try:
                 answers = self.answerer.answer(calls)

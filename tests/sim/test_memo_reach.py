@@ -63,3 +63,21 @@ def test_it_prints_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
     out = json.loads(capsys.readouterr().out)
     assert out["gpus"] == 8 and out["elements_written"] > 0
     assert set(out["capacities"]) == {"0", "1000000"}
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--capacities", "1000,lots"], "'lots' is not an int"),
+        (["--capacities", "-5"], "must be >= 0, got -5"),
+        (["--capacities", ","], "give at least one number"),
+        (["--minutes", "0"], "must be > 0, got 0"),
+    ],
+)
+def test_bad_arguments_are_refused_by_name(
+    argv: list[str], words: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    assert words in capsys.readouterr().err

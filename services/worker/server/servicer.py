@@ -12,9 +12,8 @@ from opentelemetry import trace
 from hanzo.inference.v1 import inference_pb2, placer_pb2, worker_pb2, worker_pb2_grpc
 from services.common import genai_spans
 from services.common.chat import template_inputs, tool_choice_params
-from services.common.errors import Unauthenticated
 from services.common.sampling_proto import sampling_params
-from services.common.served import Authenticate
+from services.common.served import Authenticate, check_caller
 from services.common.tracing import record_span
 from services.common.workload import WorkloadClass
 from services.worker.engine.choices import generate_choices
@@ -56,11 +55,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     async def GenerateStreams(
         self, requests: AsyncIterator[worker_pb2.StreamRequest], context: grpc.aio.ServicerContext
     ) -> AsyncIterator[worker_pb2.StreamEvents]:
-        if self.authenticate is not None:
-            try:
-                self.authenticate(dict(context.invocation_metadata() or ()))
-            except Unauthenticated as refused:
-                await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(refused))
+        await check_caller(self.authenticate, context)
         session = StreamSession(self.generate, self.node_id, lambda: self.draining, self.tracer)
         self.sessions.add(session)
         try:
