@@ -42,6 +42,7 @@ from sim.fidelity import (
     FidelityPlan,
     Served,
     class_metrics,
+    embeddings_on_idle_workers,
     headline,
     load_scale_of,
     make_trace,
@@ -57,7 +58,7 @@ from sim.fidelity import (
     weighted,
 )
 from sim.fleet import NetworkCosts
-from sim.serving_fit import logs_by_model, request_overhead_s, serving_calibration
+from sim.serving_fit import is_encoder, logs_by_model, request_overhead_s, serving_calibration
 from sim.sharegpt import Conversation, conversations
 from sim.trace import Trace
 
@@ -112,6 +113,12 @@ def _worst(runs: list[dict[str, dict[str, float | None]]], metric: str) -> float
 
 def _row(s: Served) -> dict[str, object]:
     return {**s.__dict__, "workload": s.workload.name.lower()}
+
+
+def _served(row: dict[str, object]) -> Served:
+    """A _row read back (a run's detail file); keys Served lacks (a repeat's number) are dropped."""
+    fields = {k: v for k, v in row.items() if k in Served.__dataclass_fields__}
+    return Served(**{**fields, "workload": WorkloadClass[str(row["workload"]).upper()]})  # type: ignore[arg-type]
 
 
 def run_fidelity(
@@ -187,11 +194,7 @@ def run_fidelity(
     real_served = [s for run in real_runs for s in run]
     errors_offline = relative_errors(real, sim_offline)
     serving_profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
-    embeddings = [
-        (s.prompt, s.ttft_s)
-        for s in calibration_served
-        if s.workload == WorkloadClass.EMBEDDING and s.ttft_s is not None
-    ]
+    embeddings = embeddings_on_idle_workers(calibration_served)
     overhead_s = request_overhead_s(embeddings, serving_profile.model(EMBED_MODEL))
     network = NetworkCosts(request_overhead_s=overhead_s)
     if serving is not offline:
@@ -306,18 +309,25 @@ def resimulate(last: Path) -> dict[str, object]:
     fitted = run["calibration"]
     serving = json.loads(json.dumps(offline))
     for model, coefficients in fitted["coefficients"].items():
-        serving["models"][model]["coefficients"] = coefficients
+        if not is_encoder(serving["models"][model]):  # an encoder keeps its offline fit (serving_calibration)
+            serving["models"][model]["coefficients"] = coefficients
     plan = FidelityPlan(mesh_workload(run["window_s"], run.get("load_scale", 1.0)), seed=run["seed"])
     turns = conversations(CONVERSATIONS)
     trace = make_trace(plan, turns)
-    network = NetworkCosts(request_overhead_s=fitted["request_overhead_s"])
     profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
+    overhead_s = fitted["request_overhead_s"]
+    requests = last.with_name(last.stem + "_requests.json")
+    if requests.exists():  # measured again by the current rule on that run's calibration requests
+        served = [_served(row) for row in json.loads(requests.read_text())["calibration_real"]]
+        overhead_s = request_overhead_s(embeddings_on_idle_workers(served), profile.model(EMBED_MODEL))
+    network = NetworkCosts(request_overhead_s=overhead_s)
     sim_served, _ = simulate(trace, profile, plan.seed, turns, network)
     sim_metrics = class_metrics(sim_served, trace.duration_s)
     errors = relative_errors(run["real"], sim_metrics)
     result = {
         "resimulated_from": str(last),
         "measured_at": run["measured_at"],
+        "request_overhead_s": overhead_s,
         "sim": sim_metrics,
         "errors": errors,
         "fidelity_ttft_p99_error": headline(errors, "ttft_p99_s"),

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from services.worker.engine.attention_work import attended_pairs
 from sim.fit import StepSample, fit_step_costs
 from sim.sharegpt import CACHE_DIR
 
@@ -65,10 +66,14 @@ class Grid:
 ENCODER_TOKENS = (8, 32, 64, 128, 254)
 ENCODER_REPEATS = 5
 _BLOCK = 16  # the engine's KV block: a cached prefix is reused in whole blocks
+# What a step's features count, in the cache key: a fit cached before a change of definition is refitted.
+# "attended-pairs": attention as attention_work.attended_pairs counts it (a first chunk's causal half).
+STEP_FEATURES = "attended-pairs"
 
 
 def cache_key(model_path: Path, dtype: str, threads: int) -> str:
-    """Machine (CPU model, flags, cores), model file (name and size), dtype and threads, hashed."""
+    """Machine (CPU model, flags, cores), model file (name and size), dtype, threads and the features'
+    definition, hashed."""
     cpu = ""
     try:
         info = Path("/proc/cpuinfo").read_text()
@@ -77,7 +82,10 @@ def cache_key(model_path: Path, dtype: str, threads: int) -> str:
         )
     except OSError:
         cpu = platform.processor()
-    parts = [cpu, str(os.cpu_count()), model_path.name, str(model_path.stat().st_size), dtype, str(threads)]
+    parts = [
+        cpu, str(os.cpu_count()), model_path.name, str(model_path.stat().st_size), dtype, str(threads),
+        STEP_FEATURES,
+    ]  # fmt: skip
     return hashlib.blake2b("\x1f".join(parts).encode(), digest_size=8).hexdigest()
 
 
@@ -118,7 +126,7 @@ def _timed_steps(
                 context += start + done
             else:
                 prefill += done
-                attention += done * (start + done)
+                attention += attended_pairs(start, done)
         if keep and (rows or prefill):
             samples.append(StepSample(rows, context, prefill, attention, seconds))
 

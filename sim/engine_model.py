@@ -136,13 +136,17 @@ class GpuEngine(StepBudget):
     def _embed(self, request: Request, now: float) -> None:
         """An encoder request: the encoder is an engine of its own on this GPU (no KV kept, no queue behind
         the decoder's prompts), so it runs at once, after the profile's encoder wait if the GPU is busy,
-        and whatever the decoder was doing finishes that much later."""
+        at the profile's share of the compute while the decoder works (encoder_core_share), and whatever
+        the decoder was doing finishes its encode's worth later."""
         cost = self.costs[request.model]
         prompt_s = request.prompt * cost.per_prefill_token_s
         seconds = (cost.base_s + prompt_s) / self.clock
         self.prefill_compute_s += prompt_s
-        wait = 0.0 if self.mode == IDLE else self.profile.encoder_wait
-        request.first_token_s = now + wait + seconds
+        profile = self.profile
+        if self.mode == IDLE:
+            request.first_token_s = now + seconds
+        else:
+            request.first_token_s = now + profile.encoder_wait + seconds / profile.encoder_core_share
         if self.mode == STEP:
             self.step_end += seconds
             self._at(self.step_end, force=True)
@@ -176,7 +180,7 @@ class GpuEngine(StepBudget):
             return
         self.prefilling.remove(request)
         cost = self.costs[request.model]
-        prompt_s = request.to_prefill * (cost.per_prefill_token_s + cost.per_prefill_attention_s * tokens)
+        prompt_s = cost.prompt_s(tokens - request.to_prefill, request.to_prefill)
         self.prefill_compute_s += prompt_s
         seconds = (cost.base_s + prompt_s) / self.clock
         request.to_prefill = 0
@@ -308,8 +312,7 @@ class GpuEngine(StepBudget):
         prompt_s = 0.0
         for request, tokens in chunk:
             cost = costs[request.model]
-            context = request.prompt + request.generated - request.to_prefill + tokens
-            prompt_s += tokens * (cost.per_prefill_token_s + cost.per_prefill_attention_s * context)
+            prompt_s += cost.prompt_s(request.prompt + request.generated - request.to_prefill, tokens)
             active.add(request.model)
         self.prefill_compute_s += prompt_s
         seconds += prompt_s

@@ -161,6 +161,24 @@ def routing_shares(served: Iterable[Served]) -> dict[str, dict[str, float]]:
     return out
 
 
+def embeddings_on_idle_workers(served: Iterable[Served]) -> list[tuple[int, float]]:
+    """(input tokens, seconds from send to answer) of each answered embedding that arrived while no
+    decoder request was in flight on its worker: what the request overhead is measured on, since an
+    embedding beside a working decoder shares its core (GpuProfile.encoder_core_share)."""
+    served = list(served)
+    decoding: dict[str, list[tuple[float, float]]] = {}
+    for s in served:
+        if s.workload != WorkloadClass.EMBEDDING and s.done_s is not None:
+            decoding.setdefault(s.node, []).append((s.arrival_s, s.done_s))
+    return [
+        (s.prompt, s.ttft_s)
+        for s in served
+        if s.workload == WorkloadClass.EMBEDDING
+        and s.ttft_s is not None
+        and not any(start <= s.arrival_s <= end for start, end in decoding.get(s.node, ()))
+    ]
+
+
 def offered_load(sim: Simulation) -> float:
     """The work served at the profile's best decode efficiency (a full set of seats at 512-token
     contexts), plus the prompts' compute, over the fleet's seconds in the trace's window."""

@@ -2,8 +2,8 @@
 
 A step's features are what the simulator's engine charges for (sim/engine_model.py): its batches (each
 one's fixed cost), decode rows, the context tokens those rows attend to, prompt tokens computed, and
-prompt tokens x the context at the end of their chunk (the quadratic attention part). The fit minimises
-the *relative* error (each row weighted by 1 / its measured time): steps range from 30 ms decodes to 5 s
+the (query, key) pairs those chunks attend (the quadratic attention part). The fit minimises the
+*relative* error (each row weighted by 1 / its measured time): steps range from 30 ms decodes to 5 s
 prefills, and an absolute fit would spend all its freedom on the prefills. A coefficient the data drive
 negative (a term the machine does not show, buried in noise) is fixed at 0 and the rest refitted, since a
 negative cost would let a large enough step take negative time.
@@ -22,9 +22,9 @@ TERMS = ("base_s", "per_row_s", "per_context_token_s", "per_prefill_token_s", "p
 @dataclass(frozen=True)
 class StepSample:
     """One measured step: decode rows and the context tokens they attend to, prompt tokens computed and
-    sum over prompt chunks of tokens x context at the chunk's end; seconds as measured. batches: the
-    model passes it took (a serving worker's iteration may run an urgent prompt's batch beside the
-    ordinary one, each paying the fixed cost)."""
+    the (query, key) pairs their chunks attend (attention_work.attended_pairs); seconds as measured.
+    batches: the model passes it took (a serving worker's iteration may run an urgent prompt's batch
+    beside the ordinary one, each paying the fixed cost)."""
 
     rows: int
     context: int

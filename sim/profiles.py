@@ -6,7 +6,9 @@ Step time has one form for every profile, linear in what a continuous-batching s
            + per_row_s x decode rows
            + per_context_token_s x context tokens the decodes attend to
            + per_prefill_token_s x prompt tokens computed in the step
-           + per_prefill_attention_s x prompt tokens x their context (the quadratic part)
+           + per_prefill_attention_s x the (query, key) pairs the prompt chunks attend (the quadratic
+             part: n(n + 1) / 2 for a chunk from position 0, n x (start + n) for one continuing a
+             prompt; services/worker/engine/attention_work.py)
 
 all divided by the GPU's clock factor while it throttles. A GPU profile derives the coefficients from
 public roofline figures (bandwidth, FLOP/s, an efficiency); the CPU profile fits them to step times
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.worker.engine.attention_work import attended_pairs
 from services.worker.engine.policy.classes import PolicyConfig
 from services.worker.engine.scheduler_config import SchedulerConfig
 
@@ -43,6 +46,11 @@ class ModelCost:
     load_s: float
     reload_s: float
     embedding: bool = False  # an encoder: prompts only, no decode
+
+    def prompt_s(self, start: int, tokens: int) -> float:
+        """Computing prompt tokens [start, start + tokens) of a sequence, less the step's fixed cost."""
+        pairs = attended_pairs(start, tokens)
+        return tokens * self.per_prefill_token_s + pairs * self.per_prefill_attention_s
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,11 @@ class GpuProfile:
     # How long an encoder request waits for a busy decoder to let it run; None: preempt_granularity_s
     # (on a GPU the encoder's kernels queue behind the decoder's up to a layer boundary).
     encoder_wait_s: float | None = None
+    # The share of the compute an encoder request gets while the decoder is busy. 1.0: it runs alone and
+    # the decoder waits for it (a GPU queues their kernels). A CPU worker's encoder is a thread beside
+    # the decoder's on the same core, which the OS shares between them: at 0.5 an embedding takes twice
+    # its encode while the decoder works, and the decoder loses its encode's worth either way.
+    encoder_core_share: float = 1.0
     # The worker's admission rule (scheduler.py, _admit): a prompt is admitted when its KV, plus this
     # many tokens of expected output (or its whole output if shorter), plus the watermark's share of the
     # pool and, for batch, the latency reserve's share, is free; batch also leaves the reserve's share

@@ -22,8 +22,6 @@ import numpy as np
 from sim.fit import TERMS, StepSample, fit_step_costs
 from sim.profiles import ModelCost
 
-ENCODER_TERMS = ("base_s", "per_prefill_token_s")  # as sim/calibrate.py fits the encoder
-
 
 def read_step_log(path: Path) -> list[StepSample]:
     """One StepSample per line of a step log (lines cut short by a stopping worker are skipped)."""
@@ -53,15 +51,23 @@ def logs_by_model(directory: Path) -> dict[str, list[Path]]:
     return found
 
 
+def is_encoder(record: Mapping[str, object]) -> bool:
+    """A calibrated model record (sim/calibrate.py's) of an encoder: one that keeps no KV."""
+    return int(record["kv_bytes_per_token"]) == 0  # type: ignore[call-overload]
+
+
 def serving_calibration(
     offline: Mapping[str, object],
     logs: Mapping[str, Iterable[Path]],
     samples_per_term: int = 10,
     resample: np.random.Generator | None = None,
 ) -> dict[str, object]:
-    """offline (sim/calibrate.py's record) with each logged model's coefficients and residuals refitted
-    to its serving steps; the rest (sizes, worker configuration) as calibrated. A model with fewer than
-    samples_per_term logged steps per fitted term keeps its offline fit (named under "kept_offline").
+    """offline (sim/calibrate.py's record) with each logged decoder's coefficients and residuals refitted
+    to its serving steps; the rest (sizes, worker configuration) as calibrated. A decoder with fewer than
+    samples_per_term logged steps per fitted term keeps its offline fit, and so does an encoder (both
+    named under "kept_offline"): its logged encodes mix those run alone with those sharing the core with
+    the decoder, which the simulated engine adds itself (GpuProfile.encoder_core_share), so the fit of
+    encodes timed alone is the one to start from.
     ValueError when a logged model is not in offline. resample: fit a bootstrap resample of each model's
     steps instead (as many, drawn with replacement), for the spread of the fit."""
     result = copy.deepcopy(dict(offline))
@@ -76,11 +82,10 @@ def serving_calibration(
         if resample is not None and samples:
             samples = [samples[i] for i in resample.integers(len(samples), size=len(samples))]
         record = models[name]
-        terms = ENCODER_TERMS if int(record["kv_bytes_per_token"]) == 0 else TERMS
-        if len(samples) < samples_per_term * len(terms):
+        if is_encoder(record) or len(samples) < samples_per_term * len(TERMS):
             kept.append(name)
             continue
-        fit = fit_step_costs(samples, terms)
+        fit = fit_step_costs(samples)
         record.update(fit.summary())
         record["steps"] = [s.__dict__ for s in samples]
         refitted[name] = fit.summary()
@@ -91,7 +96,8 @@ def serving_calibration(
 
 def request_overhead_s(embeddings: Iterable[tuple[int, float]], encoder: ModelCost) -> float:
     """The serving stack's fixed cost per request, from embeddings as a caller saw them ((input tokens,
-    seconds from send to answer) each): the median of each one's time less its encode by the fitted
+    seconds from send to answer) each, served while their worker's decoder was idle:
+    fidelity.embeddings_on_idle_workers): the median of each one's time less its encode by the fitted
     costs (an embedding is one short forward, so what remains is the gateway, the placer call, the
     worker's RPC and tokenizing). 0 without embeddings; never below 0."""
     rest = [

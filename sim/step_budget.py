@@ -24,9 +24,8 @@ def prompt_budget(
     the fewest keeping `share` of that best, but never fewer than the top latency level's own tokens."""
     if full <= BUDGET_STEP:
         return full
-    per_token_s = cost.per_prefill_token_s
     sizes = [*range(BUDGET_STEP, full, BUDGET_STEP), full]
-    rates = [(b + decodes) / (fixed_s + b * (per_token_s + cost.per_prefill_attention_s * b)) for b in sizes]
+    rates = [(b + decodes) / (fixed_s + cost.prompt_s(0, b)) for b in sizes]
     best = max(rates)
     if not latency_in_play:
         return sizes[rates.index(best)]

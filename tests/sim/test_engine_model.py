@@ -309,6 +309,23 @@ def test_an_encoder_without_a_wait_runs_the_moment_it_arrives() -> None:
     assert e.done_s == pytest.approx(0.2 + 0.001 + 100 * 0.00001)
 
 
+def test_an_encoder_sharing_the_core_takes_twice_its_encode_beside_a_busy_decoder_and_its_own_alone() -> None:
+    # A CPU worker's encoder thread shares its core with the decoder's: half the core while the decoder
+    # works, so the embedding takes twice its 2 ms encode, and the decode in progress loses 2 ms.
+    loop = Loop(replace(PROFILE, encoder_wait_s=0.0, encoder_core_share=0.5))
+    alone = request(0.0, prompt=100, output=0, workload=WorkloadClass.EMBEDDING, model="e")
+    loop.engine.enqueue(alone, 0.0)
+    assert alone.done_s == pytest.approx(0.002)
+    r = request(0.1, prompt=100, output=3)
+    loop.engine.enqueue(r, 0.1)
+    loop.run_until(0.121)  # prompt step 0.1-0.12 (10 ms + 100 x 0.1 ms), then decodes of 11 ms
+    e = request(0.121, prompt=100, output=0, workload=WorkloadClass.EMBEDDING, model="e")
+    loop.engine.enqueue(e, 0.121)
+    assert e.done_s == pytest.approx(0.121 + 2 * 0.002)
+    loop.run_until(10.0)
+    assert r.done_s == pytest.approx(0.12 + 2 * 0.011 + 0.002)
+
+
 @pytest.mark.parametrize(
     ("share", "chunks"),
     [
@@ -351,3 +368,11 @@ def test_batch_running_counts_admitted_batch_requests_until_they_finish() -> Non
     assert loop.engine.batch_running == 2
     loop.run_until(100.0)
     assert loop.engine.batch_running == 0 and len(loop.done) == 3
+
+
+def test_a_prompt_from_position_0_pays_half_the_attention_of_one_continuing_a_cached_prefix() -> None:
+    # A first chunk runs causally (n(n + 1) / 2 pairs); one after a cached prefix meets every key (n x
+    # (start + n)): services/worker/engine/attention_work.py, which the step log is fitted with.
+    cost = replace(DECODER, per_prefill_token_s=0.0, per_prefill_attention_s=1e-6)
+    assert cost.prompt_s(0, 1000) == pytest.approx(1000 * 1001 / 2 * 1e-6)
+    assert cost.prompt_s(1000, 1000) == pytest.approx(1000 * 2000 * 1e-6)

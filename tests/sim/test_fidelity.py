@@ -22,6 +22,7 @@ from sim.fidelity import (
     FidelityPlan,
     Served,
     class_metrics,
+    embeddings_on_idle_workers,
     headline,
     load_scale_of,
     make_trace,
@@ -113,6 +114,19 @@ def test_repeats_pool_their_requests_and_average_their_throughput() -> None:
     assert pooled["ttft_p50_s"] == pytest.approx(0.25)
     assert pooled["throughput"] == pytest.approx((40 + 20) / 10.0 / 2)  # 3 of 4 in the window, over 2 runs
     assert pooled_metrics([first], 10.0) == class_metrics(first, 10.0)
+
+
+def test_the_request_overhead_is_read_from_embeddings_served_beside_an_idle_decoder() -> None:
+    def served(workload: WorkloadClass, node: str, arrival_s: float, done_s: float) -> Served:
+        return Served(workload, 0, 0, arrival_s, done_s - arrival_s, done_s, prompt=7, output=0, node=node)
+
+    chat = served(WorkloadClass.REALTIME_CHAT, "w1", 1.0, 3.0)
+    alone = served(WorkloadClass.EMBEDDING, "w2", 2.0, 2.01)  # w2 decodes nothing then
+    beside = served(WorkloadClass.EMBEDDING, "w1", 2.0, 2.03)  # w1 is serving the chat
+    after = served(WorkloadClass.EMBEDDING, "w1", 3.5, 3.51)
+    failed = replace(served(WorkloadClass.EMBEDDING, "w2", 4.0, 4.0), ttft_s=None, done_s=None)
+    idle = embeddings_on_idle_workers([chat, alone, beside, after, failed])
+    assert idle == [(7, alone.ttft_s), (7, after.ttft_s)]
 
 
 async def test_the_real_mesh_and_the_simulation_agree_on_requests_and_tokens(

@@ -64,6 +64,16 @@ def test_serving_steps_refit_the_decoder_and_keep_the_rest(tmp_path: Path) -> No
     assert fitted["source"] == "serving" and fitted["serving_fit"]["kept_offline"] == []  # type: ignore[index]
 
 
+def test_an_encoder_keeps_its_offline_fit_its_encodes_timed_alone(tmp_path: Path) -> None:
+    log = StepLog(tmp_path / "worker-41-minilm.jsonl")
+    for tokens in (8, 32, 64, 128, 254) * 5:  # twice the offline cost, as beside a working decoder
+        log.write_step(StepShape(1, 0, 0, tokens, 0), 2 * (ENCODER["base_s"] + tokens * 3e-4))
+    log.close()
+    fitted = serving_calibration(_calibration(), logs_by_model(tmp_path), samples_per_term=2)
+    assert fitted["models"]["minilm"]["coefficients"] == ENCODER  # type: ignore[index]
+    assert fitted["serving_fit"]["kept_offline"] == ["minilm"]  # type: ignore[index]
+
+
 def test_too_few_steps_keep_the_offline_fit(tmp_path: Path) -> None:
     log = StepLog(tmp_path / "worker-41-chat-model.jsonl")
     written = _write_steps(log, SERVING)

@@ -8,9 +8,10 @@ only when asked for (HANZO_WORKER_STEP_LOG_DIR): a JSON line per step costs the 
 microseconds (a line-buffered write).
 
 A line: {"batches": batches run, "rows": decode rows, "context": tokens those rows attend to, "prefill":
-prompt tokens computed, "attention": sum over prompt chunks of tokens x the context at the chunk's end,
-"seconds": wall time of the whole iteration (the batches, handing their outputs to the event loop and
-taking the next commands: what paces the tokens a caller sees), "execute_s": the model's share of it}.
+prompt tokens computed, "attention": the (query, key) pairs its prompt chunks attend
+(attention_work.attended_pairs), "seconds": wall time of the whole iteration (the batches, handing
+their outputs to the event loop and taking the next commands: what paces the tokens a caller sees),
+"execute_s": the model's share of it}.
 An encoder's line has rows 0, prefill its input tokens, padded its padded tokens, inputs the texts.
 """
 
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from services.worker.engine.attention_work import attended_pairs
 from services.worker.engine.scheduled_batch import ScheduledBatch
 
 
@@ -47,7 +49,7 @@ class StepShape:
                 self.context += start + n
             else:
                 self.prefill += n
-                self.attention += n * (start + n)
+                self.attention += attended_pairs(start, n)
 
 
 class StepLog:

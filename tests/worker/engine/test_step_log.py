@@ -12,7 +12,7 @@ from services.worker.engine import LLMEngine, SamplingParams
 from services.worker.engine.async_llm import AsyncLLM
 from services.worker.engine.config import EngineConfig
 from services.worker.engine.embedding import EmbeddingEngine
-from services.worker.engine.step_log import StepLog, step_log_for
+from services.worker.engine.step_log import StepLog, StepShape, step_log_for
 
 BUDGET = 64
 
@@ -73,3 +73,19 @@ def test_no_directory_no_log(tmp_path: Path) -> None:
     log = step_log_for(str(tmp_path / "logs"), "org/model:v1", "worker-7")
     assert log is not None and log.path == tmp_path / "logs" / "worker-7-org_model_v1.jsonl"
     log.close()
+
+
+def test_attention_counts_a_first_chunk_causally_and_a_continued_one_whole(llama_gqa_dir: Path) -> None:
+    # fifo: each step carries what the budget allows, so a 100-token prompt runs as 64 + 36 tokens. The
+    # first chunk attends causally within itself (64 x 65 / 2 pairs); the second, through the cache's
+    # mask, to all 100 keys (36 x 100): what the kernels compute, and what the simulator is fitted on.
+    engine = LLMEngine(llama_gqa_dir, EngineConfig(max_num_batched_tokens=BUDGET, policy="fifo"))
+    params = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+    prompt = [random.Random(5).randrange(20, 500) for _ in range(100)]
+    engine.add_request("one", prompt, params, detokenize=False)
+    shapes = []
+    while engine.has_unfinished_requests():
+        engine.step_shape = StepShape()
+        engine.step()
+        shapes.append((engine.step_shape.prefill, engine.step_shape.attention))
+    assert shapes == [(64, 2080), (36, 3600)]
