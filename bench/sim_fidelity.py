@@ -46,6 +46,7 @@ from sim.fidelity import (
     headline,
     load_scale_of,
     make_trace,
+    matched_metrics,
     mesh_workload,
     metric_ranges,
     offered_load,
@@ -143,7 +144,7 @@ def run_fidelity(
     turns = conversations(CONVERSATIONS)
     trace = make_trace(plan, turns)
     sim_served, sim = simulate(trace, profile, plan.seed, turns)
-    sim_offline = class_metrics(sim_served, trace.duration_s)
+    sim_offline = matched_metrics(sim_served, trace.duration_s, repeats)
     result: dict[str, object] = {
         "window_s": trace.duration_s,
         "load_scale": load_scale_of(plan.workload),
@@ -199,12 +200,12 @@ def run_fidelity(
     network = NetworkCosts(request_overhead_s=overhead_s)
     if serving is not offline:
         sim_served, _ = simulate(trace, serving_profile, plan.seed, turns, network)
-    sim_serving = class_metrics(sim_served, trace.duration_s)
+    sim_serving = matched_metrics(sim_served, trace.duration_s, repeats)
     errors = relative_errors(real, sim_serving)
     in_run_profile = cpu_profile(in_run, CHAT_MODEL, EMBED_MODEL)
     in_run_served, _ = simulate(trace, in_run_profile, plan.seed, turns, network)
-    errors_in_run = relative_errors(real, class_metrics(in_run_served, trace.duration_s))
-    fit_spread = _fit_spread(real, refits, trace, plan.seed, turns, network)
+    errors_in_run = relative_errors(real, matched_metrics(in_run_served, trace.duration_s, repeats))
+    fit_spread = _fit_spread(real, refits, trace, plan.seed, turns, network, repeats)
     repeats_real = [class_metrics(run, trace.duration_s) for run in real_runs]
     errors_between_repeats = [relative_errors(repeats_real[0], later) for later in repeats_real[1:]]
     result.update(
@@ -281,15 +282,17 @@ def _fit_spread(
     seed: int,
     turns: list[Conversation],
     network: NetworkCosts,
+    repeats: int,
 ) -> dict[str, object] | None:
     """The simulated figures' range over the refits of the step costs (each to a bootstrap resample of the
-    calibration's steps), and how far outside it each real figure lies (0: inside); None without refits."""
+    calibration's steps), and how far outside it each real figure lies (0: inside); None without refits.
+    repeats: the real side's, which each simulated pass is pooled to match (matched_metrics)."""
     if not refits:
         return None
     runs = []
     for refit in refits:
         served, _ = simulate(trace, cpu_profile(refit, CHAT_MODEL, EMBED_MODEL), seed, turns, network)
-        runs.append(class_metrics(served, trace.duration_s))
+        runs.append(matched_metrics(served, trace.duration_s, repeats))
     ranges = metric_ranges(runs)
     outside = outside_range(real, ranges)
     return {
@@ -322,7 +325,7 @@ def resimulate(last: Path) -> dict[str, object]:
         overhead_s = request_overhead_s(embeddings_on_idle_workers(served), profile.model(EMBED_MODEL))
     network = NetworkCosts(request_overhead_s=overhead_s)
     sim_served, _ = simulate(trace, profile, plan.seed, turns, network)
-    sim_metrics = class_metrics(sim_served, trace.duration_s)
+    sim_metrics = matched_metrics(sim_served, trace.duration_s, int(run.get("repeats", 1)))
     errors = relative_errors(run["real"], sim_metrics)
     result = {
         "resimulated_from": str(last),

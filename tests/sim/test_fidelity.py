@@ -26,6 +26,7 @@ from sim.fidelity import (
     headline,
     load_scale_of,
     make_trace,
+    matched_metrics,
     mesh_workload,
     metric_ranges,
     outside_range,
@@ -114,6 +115,21 @@ def test_repeats_pool_their_requests_and_average_their_throughput() -> None:
     assert pooled["ttft_p50_s"] == pytest.approx(0.25)
     assert pooled["throughput"] == pytest.approx((40 + 20) / 10.0 / 2)  # 3 of 4 in the window, over 2 runs
     assert pooled_metrics([first], 10.0) == class_metrics(first, 10.0)
+
+
+def test_a_simulated_pass_is_pooled_as_often_as_the_real_repeats_it_is_scored_against() -> None:
+    # Three real repeats that each served exactly as the simulation did: no error. Scored alone, the pass's
+    # p99 of 67 turns interpolates between its two slowest (1.86 s), the pool's is the slowest (4 s).
+    turns = [
+        Served(WorkloadClass.REALTIME_CHAT, i, 0, 0.0, 0.1 + i / 100, 1.0, prompt=10, output=20)
+        for i in range(66)
+    ]
+    simulated = [*turns, replace(turns[0], session=66, ttft_s=4.0)]
+    real = pooled_metrics([simulated] * 3, 10.0)
+    matched = relative_errors(real, matched_metrics(simulated, 10.0, 3))["realtime_chat"]
+    assert matched == {"ttft_p50_s": 0.0, "ttft_p99_s": 0.0, "throughput": 0.0}
+    alone = relative_errors(real, class_metrics(simulated, 10.0))["realtime_chat"]
+    assert alone["ttft_p99_s"] == pytest.approx(1 - 1.855 / 4.0)
 
 
 def test_the_request_overhead_is_read_from_embeddings_served_beside_an_idle_decoder() -> None:
