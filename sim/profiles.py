@@ -134,7 +134,9 @@ def _roofline(
         per_row_s=flops_per_token / _H200_FP8,
         per_context_token_s=kv_bytes / _H200_BW,
         per_prefill_token_s=flops_per_token / _H200_FP8,
-        # Attention over the context: 4 x layers x heads x head_dim FLOPs per query-key pair.
+        # Attention over the context: 4 x layers x heads x head_dim FLOPs per query-key pair, counted as
+        # this project's worker computes them (ModelCost.prompt_s); a GPU kernel that also skips the
+        # diagonal block of a continued chunk does n x n / 2 fewer, a small share of a long context's.
         per_prefill_attention_s=4 * layers * heads * head_dim / _H200_FP8,
         weight_bytes=weight_bytes,
         kv_bytes_per_token=kv_bytes,
