@@ -93,6 +93,12 @@ def _wait_until_scraped(base: str) -> None:
         Expression(
             "the iteration tokens", f'hanzo_worker_iteration_tokens_total_count{{model_name="{MODEL}"}}'
         ),
+        # Scraped twice: a rate over a window needs two samples of a series, and on a fast machine the
+        # traffic's last series (created by its second token) can be one scrape old when the rest show.
+        Expression(
+            "the inter-token latencies, scraped twice",
+            "count_over_time(hanzo_worker_inter_token_latency_seconds_count[15s]) >= 2",
+        ),
     ]
     deadline = time.monotonic() + SCRAPED_S
     while missing := [w.where for w in wanted if not _query(base, w)]:
