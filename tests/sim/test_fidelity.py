@@ -143,6 +143,8 @@ def test_the_request_overhead_is_read_from_embeddings_served_beside_an_idle_deco
     failed = replace(served(WorkloadClass.EMBEDDING, "w2", 4.0, 4.0), ttft_s=None, done_s=None)
     idle = embeddings_on_idle_workers([chat, alone, beside, after, failed])
     assert idle == [(7, alone.ttft_s), (7, after.ttft_s)]
+    # No worker ever idle: every answered embedding rather than none (an overhead of 0).
+    assert embeddings_on_idle_workers([chat, beside, failed]) == [(7, beside.ttft_s)]
 
 
 async def test_the_real_mesh_and_the_simulation_agree_on_requests_and_tokens(
