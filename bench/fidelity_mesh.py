@@ -65,16 +65,24 @@ def serve_on_mesh(
             pids = {**up.services(), "client": os.getpid()}
             cpu_before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             began = time.monotonic()
+            repeat_started: list[float] = []  # each repeat's time 0 on the wall clock, as the step logs'
             for k in range(repeats):
                 log(f"replaying {trace.requests()} requests over {trace.duration_s:.0f} s, {k + 1}/{repeats}")
                 tokens = Tokens(seed + REPEAT_TOKEN_SEED_STEP * k, words)
-                served.append(asyncio.run(replay(trace, up.gateway, up.api_key, tokens)))
+                run = replay(trace, up.gateway, up.api_key, tokens, on_start=repeat_started.append)
+                served.append(asyncio.run(run))
             wall = time.monotonic() - began
             # Where the two cores went while the trace ran: the workers' share is what the calibration
             # measured alone; the rest is what the simulator does not model.
             cpu = {name: round(cpu_seconds(pid) - cpu_before[name], 2) for name, pid in pids.items()}
             cut_logs(step_logs, before, steps / "evaluation")
-            meta = {"mesh_ready_s": ready_s, "replay_wall_s": wall, "models": seen, "cpu_s": cpu}
+            meta = {
+                "mesh_ready_s": ready_s,
+                "replay_wall_s": wall,
+                "repeat_started_unix": repeat_started,
+                "models": seen,
+                "cpu_s": cpu,
+            }
             texts = worker_metrics(up)
             meta["engine_steps"] = engine_steps(texts)
             preempted = preemptions(texts).items()

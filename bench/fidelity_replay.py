@@ -52,14 +52,18 @@ async def replay(
     api_key: str,
     tokens: Tokens,
     on_done: Callable[[Served], None] = lambda s: None,
+    on_start: Callable[[float], None] = lambda unix_s: None,
 ) -> list[Served]:
-    """Serve every session of trace through the gateway at address; every request as served."""
+    """Serve every session of trace through the gateway at address; every request as served. on_start
+    is told the wall clock (Unix seconds) at the run's time 0, which lines the requests up with the
+    workers' step logs (step_log.py)."""
     metadata = (("authorization", f"Bearer {api_key}"),)
     served: list[Served] = []
     async with grpc.aio.insecure_channel(address) as channel:
         stub = inference_pb2_grpc.InferenceStub(channel)
         loop = asyncio.get_running_loop()
         start = loop.time()
+        on_start(time.time())
 
         async def session(s: TraceSession) -> None:
             await asyncio.sleep(max(0.0, start + s.start_s - loop.time()))

@@ -16,6 +16,12 @@ from sim.fit import TERMS
 from sim.serving_fit import logs_by_model, read_step_log
 
 
+def steps_dir(out: Path) -> Path:
+    """Where a run whose result is out keeps its step logs (calibration/ and evaluation/, one file a
+    worker process and model)."""
+    return out.with_name(out.stem + "_steps")
+
+
 def log_sizes(directory: Path) -> dict[str, int]:
     """Each step log's size in bytes now (by file name)."""
     return {p.name: p.stat().st_size for p in directory.glob("*.jsonl")}

@@ -1,7 +1,9 @@
 """The fleet simulator's fidelity: one seeded trace served by the real local mesh (`hanzo-mesh up`: two
 workers on SmolLM2 and MiniLM) and by the simulator configured as that mesh (sim/fidelity.py), with
 TTFT p50 / p99 and throughput per class from both and their relative errors; one JSON line on stdout,
-progress on stderr, the result also written to .cache/bench/sim_fidelity.json.
+progress on stderr, the result also written to .cache/bench/sim_fidelity.json, every request on both
+sides to sim_fidelity_requests.json beside it and the mesh workers' step logs under sim_fidelity_steps/
+(bench/fidelity_waits.py reads the three together: what the slowest real requests waited for).
 
     .venv/bin/python bench/sim_fidelity.py [--quick] [--seed 0] [--sim-only | --resimulate]
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -30,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from bench.fidelity_mesh import serve_on_mesh
-from bench.fidelity_steps import out_of_sample
+from bench.fidelity_steps import out_of_sample, steps_dir
 from services.common.workload import WorkloadClass
 from sim.calibrate import calibrate, single_token_words
 from sim.cli_args import count
@@ -42,7 +45,7 @@ from sim.fidelity import (
     FidelityPlan,
     Served,
     class_metrics,
-    embeddings_on_idle_workers,
+    embeddings_beside_decoders,
     headline,
     load_scale_of,
     make_trace,
@@ -59,6 +62,7 @@ from sim.fidelity import (
     weighted,
 )
 from sim.fleet import NetworkCosts
+from sim.profiles import GpuProfile
 from sim.serving_fit import is_encoder, logs_by_model, request_overhead_s, serving_calibration
 from sim.sharegpt import Conversation, conversations
 from sim.trace import Trace
@@ -110,6 +114,14 @@ def _worst(runs: list[dict[str, dict[str, float | None]]], metric: str) -> float
     """The worst class's error on metric over every run's errors; None without runs."""
     found = [value for errors in runs if (value := headline(errors, metric)) is not None]
     return max(found) if found else None
+
+
+def _overhead(calibration: list[Served], profile: GpuProfile) -> float:
+    """The request overhead fitted to the calibration trace's embeddings (serving_fit.request_overhead_s)."""
+    embeddings = embeddings_beside_decoders(calibration)
+    return request_overhead_s(
+        embeddings, profile.model(EMBED_MODEL), profile.encoder_core_share, profile.encoder_wait
+    )
 
 
 def _row(s: Served) -> dict[str, object]:
@@ -191,12 +203,14 @@ def run_fidelity(
         # A diagnostic, never the headline: the same terms fitted to the evaluation's own steps (in
         # sample), which takes the machine's drift between the two windows out of the error.
         in_run = serving_calibration(offline, logs_by_model(evaluation))
+        # Kept beside the result: bench/fidelity_waits.py reads them against the requests.
+        shutil.rmtree(steps_dir(out), ignore_errors=True)
+        shutil.copytree(steps, steps_dir(out))
     real = pooled_metrics(real_runs, trace.duration_s)
     real_served = [s for run in real_runs for s in run]
     errors_offline = relative_errors(real, sim_offline)
     serving_profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
-    embeddings = embeddings_on_idle_workers(calibration_served)
-    overhead_s = request_overhead_s(embeddings, serving_profile.model(EMBED_MODEL))
+    overhead_s = _overhead(calibration_served, serving_profile)
     network = NetworkCosts(request_overhead_s=overhead_s)
     if serving is not offline:
         sim_served, _ = simulate(trace, serving_profile, plan.seed, turns, network)
@@ -322,7 +336,7 @@ def resimulate(last: Path) -> dict[str, object]:
     requests = last.with_name(last.stem + "_requests.json")
     if requests.exists():  # measured again by the current rule on that run's calibration requests
         served = [_served(row) for row in json.loads(requests.read_text())["calibration_real"]]
-        overhead_s = request_overhead_s(embeddings_on_idle_workers(served), profile.model(EMBED_MODEL))
+        overhead_s = _overhead(served, profile)
     network = NetworkCosts(request_overhead_s=overhead_s)
     sim_served, _ = simulate(trace, profile, plan.seed, turns, network)
     sim_metrics = matched_metrics(sim_served, trace.duration_s, int(run.get("repeats", 1)))

@@ -161,22 +161,21 @@ def routing_shares(served: Iterable[Served]) -> dict[str, dict[str, float]]:
     return out
 
 
-def embeddings_on_idle_workers(served: Iterable[Served]) -> list[tuple[int, float]]:
-    """(input tokens, seconds from send to answer) of each answered embedding that arrived while no
-    decoder request was in flight on its worker: what the request overhead is measured on, since an
-    embedding beside a working decoder shares its core (GpuProfile.encoder_core_share). Every answered
-    embedding when none arrived so (a load that never left a worker idle): an overhead with some
-    contention in it is nearer the truth than none at all."""
+def embeddings_beside_decoders(served: Iterable[Served]) -> list[tuple[int, float, bool]]:
+    """(input tokens, seconds from send to answer, whether a decoder request was in flight on its worker
+    as it arrived) of each answered embedding: what the request overhead is fitted on
+    (serving_fit.request_overhead_s), since an embedding beside a working decoder shares its core
+    (GpuProfile.encoder_core_share) and the simulated engine charges it so."""
     served = list(served)
     decoding: dict[str, list[tuple[float, float]]] = {}
     for s in served:
         if s.workload != WorkloadClass.EMBEDDING and s.done_s is not None:
             decoding.setdefault(s.node, []).append((s.arrival_s, s.done_s))
-    answered = [s for s in served if s.workload == WorkloadClass.EMBEDDING and s.ttft_s is not None]
-    idle = [
-        s for s in answered if not any(start <= s.arrival_s <= end for start, end in decoding.get(s.node, ()))
+    return [
+        (s.prompt, s.ttft_s, any(start <= s.arrival_s <= end for start, end in decoding.get(s.node, ())))
+        for s in served
+        if s.workload == WorkloadClass.EMBEDDING and s.ttft_s is not None
     ]
-    return [(s.prompt, s.ttft_s) for s in idle or answered]  # type: ignore[misc]  # answered: ttft_s set
 
 
 def offered_load(sim: Simulation) -> float:

@@ -94,13 +94,22 @@ def serving_calibration(
     return result
 
 
-def request_overhead_s(embeddings: Iterable[tuple[int, float]], encoder: ModelCost) -> float:
-    """The serving stack's fixed cost per request, from embeddings as a caller saw them ((input tokens,
-    seconds from send to answer) each, served while their worker's decoder was idle:
-    fidelity.embeddings_on_idle_workers): the median of each one's time less its encode by the fitted
-    costs (an embedding is one short forward, so what remains is the gateway, the placer call, the
-    worker's RPC and tokenizing). 0 without embeddings; never below 0."""
+def request_overhead_s(
+    embeddings: Iterable[tuple[int, float, bool]], encoder: ModelCost, core_share: float, wait_s: float = 0.0
+) -> float:
+    """The serving stack's fixed cost per request (the gateway, its placer call, the worker's RPC and
+    tokenizing), from embeddings as a caller saw them ((input tokens, seconds from send to answer,
+    whether a decoder worked beside it) each: fidelity.embeddings_beside_decoders): the median of each
+    one's time less its encode as the simulated engine charges it (the fitted costs, over core_share and
+    after wait_s beside a working decoder), so that the simulation reproduces the median of the trace it
+    is fitted on. 0 without embeddings; never below 0.
+
+    Every embedding counts, not only those beside an idle decoder (the rule until fidelity run 16): a
+    trace at half load leaves 4 or 5 of 37 such, whose median moved 13-23 ms between runs of one trace,
+    where the residual over all of them held at 10-12 ms (docs/simulator.md, run 16)."""
     rest = [
-        seconds - (encoder.base_s + tokens * encoder.per_prefill_token_s) for tokens, seconds in embeddings
+        seconds - (wait_s + encode / core_share if beside else encode)
+        for tokens, seconds, beside in embeddings
+        for encode in (encoder.base_s + tokens * encoder.per_prefill_token_s,)
     ]
     return max(0.0, float(np.median(rest))) if rest else 0.0

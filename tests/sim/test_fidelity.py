@@ -22,7 +22,7 @@ from sim.fidelity import (
     FidelityPlan,
     Served,
     class_metrics,
-    embeddings_on_idle_workers,
+    embeddings_beside_decoders,
     headline,
     load_scale_of,
     make_trace,
@@ -132,7 +132,7 @@ def test_a_simulated_pass_is_pooled_as_often_as_the_real_repeats_it_is_scored_ag
     assert alone["ttft_p99_s"] == pytest.approx(1 - 1.855 / 4.0)
 
 
-def test_the_request_overhead_is_read_from_embeddings_served_beside_an_idle_decoder() -> None:
+def test_each_embedding_is_marked_by_whether_a_decoder_worked_beside_it() -> None:
     def served(workload: WorkloadClass, node: str, arrival_s: float, done_s: float) -> Served:
         return Served(workload, 0, 0, arrival_s, done_s - arrival_s, done_s, prompt=7, output=0, node=node)
 
@@ -141,10 +141,9 @@ def test_the_request_overhead_is_read_from_embeddings_served_beside_an_idle_deco
     beside = served(WorkloadClass.EMBEDDING, "w1", 2.0, 2.03)  # w1 is serving the chat
     after = served(WorkloadClass.EMBEDDING, "w1", 3.5, 3.51)
     failed = replace(served(WorkloadClass.EMBEDDING, "w2", 4.0, 4.0), ttft_s=None, done_s=None)
-    idle = embeddings_on_idle_workers([chat, alone, beside, after, failed])
-    assert idle == [(7, alone.ttft_s), (7, after.ttft_s)]
-    # No worker ever idle: every answered embedding rather than none (an overhead of 0).
-    assert embeddings_on_idle_workers([chat, beside, failed]) == [(7, beside.ttft_s)]
+    assert embeddings_beside_decoders([chat, alone, beside, after, failed]) == [
+        (7, alone.ttft_s, False), (7, beside.ttft_s, True), (7, after.ttft_s, False),
+    ]  # fmt: skip
 
 
 async def test_the_real_mesh_and_the_simulation_agree_on_requests_and_tokens(

@@ -121,11 +121,16 @@ def test_cut_logs_copy_only_what_a_replay_added(tmp_path: Path) -> None:
 
 def test_the_request_overhead_is_what_embeddings_took_beyond_their_encode() -> None:
     encoder = ModelCost("minilm", 0.005, 0.0, 0.0, 2e-4, 0.0, 1, 0, 0.1, 0.1, embedding=True)
-    # encodes of 5 + 0.2 x tokens ms, seen by the caller 8 ms later (one outlier waited behind others)
-    seen = [(tokens, 0.005 + 2e-4 * tokens + 0.008) for tokens in (10, 40, 90, 200)] + [(50, 0.5)]
-    assert request_overhead_s(seen, encoder) == pytest.approx(0.008)
-    assert request_overhead_s([], encoder) == 0.0
-    assert request_overhead_s([(100, 0.001)], encoder) == 0.0  # faster than the fit: never negative
+    # encodes of 5 + 0.2 x tokens ms, seen by the caller 8 ms later (one outlier waited behind others);
+    # beside a working decoder at half the core, after a 1 ms wait: twice the encode, then the 8 ms
+    alone = [(tokens, 0.005 + 2e-4 * tokens + 0.008, False) for tokens in (10, 40, 90)]
+    beside = [(tokens, 0.001 + 2 * (0.005 + 2e-4 * tokens) + 0.008, True) for tokens in (20, 200)]
+    seen = [*alone, *beside, (50, 0.5, True)]
+    assert request_overhead_s(seen, encoder, core_share=0.5, wait_s=0.001) == pytest.approx(0.008)
+    # Charged as if alone, the shared encodes would count their second half as overhead.
+    assert request_overhead_s(seen, encoder, core_share=1.0) > 0.008
+    assert request_overhead_s([], encoder, 0.5) == 0.0
+    assert request_overhead_s([(100, 0.001, False)], encoder, 0.5) == 0.0  # faster than the fit: not negative
     network = NetworkCosts(request_overhead_s=0.008)
     assert network.round_trip_s(True) == pytest.approx(NetworkCosts().round_trip_s(True) + 0.008)
     assert network.round_trip_s(False) == pytest.approx(NetworkCosts().round_trip_s(False) + 0.008)

@@ -66,6 +66,9 @@ class AsyncLLM:
         """step_log: where the engine thread records each iteration's shape and wall time (step_log.py)."""
         self.engine = engine
         self._step_log = step_log
+        # Requests the engine thread took since the last logged step, with the wall clock then (logged
+        # only): when a request reached the engine, apart from the gateway and the RPC before it.
+        self._added_log: list[tuple[str, float]] = []
         self._commands: queue.SimpleQueue[Command | None] = queue.SimpleQueue()
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -232,7 +235,7 @@ class AsyncLLM:
                 # Block only when there is nothing to step; otherwise drain whatever arrived meanwhile.
                 block = not engine.has_unfinished_requests()
                 if logged is not None and block:  # idle from here: the wait is not the step's
-                    _log_iteration(step_log, logged)
+                    self._log_iteration(logged)
                     logged = None
                 applied, holds = self._applied, self._holds
                 if not self._apply_commands(block):
@@ -248,8 +251,10 @@ class AsyncLLM:
                     # The previous iteration ends where this one starts: outputs handed over, commands
                     # taken, all in its time, as they pace the caller's tokens.
                     if logged is not None:
-                        _log_iteration(step_log, logged)
-                    logged = (StepShape(), time.perf_counter())
+                        self._log_iteration(logged)
+                    scheduler = engine.scheduler
+                    shape = StepShape(running=scheduler.num_running, waiting=scheduler.num_waiting)
+                    logged = (shape, time.perf_counter())
                     engine.step_shape = logged[0]
                 outputs = engine.step(self._interrupts)
                 if outputs:
@@ -262,6 +267,14 @@ class AsyncLLM:
             error = EngineDeadError(f"engine step failed: {exc!r}")
             self._deliver_error(error)
             self._refuse_pending(error)
+
+    def _log_iteration(self, logged: tuple[StepShape, float]) -> None:
+        """Write a timed iteration that ran a batch (one that only applied commands is not a step), with
+        the requests taken since the last one written."""
+        shape, started = logged
+        if self._step_log is not None and shape.batches:
+            shape.added, self._added_log = self._added_log, []
+            self._step_log.write_step(shape, time.perf_counter() - started)
 
     def _refuse_pending(self, error: EngineDeadError) -> None:
         """Fail adds that were queued when the engine died, so no caller waits forever."""
@@ -316,6 +329,8 @@ class AsyncLLM:
                 grammar=command.grammar,
             )
             settle(command.done, None)
+            if self._step_log is not None:
+                self._added_log.append((command.request_id, time.time()))
         except Exception as exc:  # bad input: only this request fails
             settle(command.done, error=exc)
 
@@ -376,13 +391,6 @@ class AsyncLLM:
     def _fail_all(self, error: BaseException) -> None:
         for stream in self._streams.values():
             stream.put_nowait(error)
-
-
-def _log_iteration(step_log: StepLog | None, logged: tuple[StepShape, float]) -> None:
-    """Write a timed iteration that ran a batch (one that only applied commands is not a step)."""
-    shape, started = logged
-    if step_log is not None and shape.batches:
-        step_log.write_step(shape, time.perf_counter() - started)
 
 
 def _own_stream(device: torch.device) -> contextlib.AbstractContextManager[object]:

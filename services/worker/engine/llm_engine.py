@@ -320,8 +320,15 @@ class LLMEngine:
         if batch is None:
             return []
         points = None
-        if interrupts is not None and outranking is None:
-            points = self._preemption_points(interrupts, batch)
+        if interrupts is not None:
+            # Nested in another urgent step, it runs nothing inside itself (one level of nesting), but it
+            # still takes arrivals at its points: a 1,291-token chat nested in an agent's step took 2.7 s
+            # on a CPU worker, and the requests that came meanwhile reached neither the queue nor the
+            # snapshot the heartbeat reports until it ended (docs/simulator.md, fidelity run 16).
+            nested = outranking is not None
+            points = (
+                PreemptionPoints(interrupts.poll) if nested else self._preemption_points(interrupts, batch)
+            )
         nested_before = self._nested_s
         started = time.perf_counter()
         outputs = self._run(batch, points)

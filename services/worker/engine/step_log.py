@@ -11,15 +11,21 @@ A line: {"batches": batches run, "rows": decode rows, "context": tokens those ro
 prompt tokens computed, "attention": the (query, key) pairs its prompt chunks attend
 (attention_work.attended_pairs), "seconds": wall time of the whole iteration (the batches, handing
 their outputs to the event loop and taking the next commands: what paces the tokens a caller sees),
-"execute_s": the model's share of it}.
-An encoder's line has rows 0, prefill its input tokens, padded its padded tokens, inputs the texts.
+"execute_s": the model's share of it, "end": the wall clock (Unix seconds) when it ended, "chunks":
+[request id, first position, tokens] of each prompt chunk it computed, "added": [request id, Unix
+seconds] of each request the engine took since the line before, "running" and "waiting": the engine's
+sequences holding seats and queued as it began}. The last four line a step up with the requests a
+caller timed: when a request reached the engine, what it waited behind there, and when its own chunks
+ran (bench/fidelity_waits.py).
+An encoder's line has rows 0, prefill its input tokens, inputs the texts, chunks none.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -29,7 +35,8 @@ from services.worker.engine.scheduled_batch import ScheduledBatch
 
 @dataclass
 class StepShape:
-    """What a step computed, summed over its batches (the fields of a step-log line but the times)."""
+    """What a step computed, summed over its batches (the fields of a step-log line but the times), and
+    the engine's queues as it began."""
 
     batches: int = 0
     rows: int = 0
@@ -37,6 +44,10 @@ class StepShape:
     prefill: int = 0
     attention: int = 0
     execute_s: float = 0.0
+    running: int = 0  # sequences holding seats and KV when the step began
+    waiting: int = 0  # sequences queued for admission then
+    chunks: list[tuple[str, int, int]] = field(default_factory=list)  # (request id, start, tokens)
+    added: list[tuple[str, float]] = field(default_factory=list)  # (request id, Unix s) taken meanwhile
 
     def add(self, batch: ScheduledBatch, execute_s: float) -> None:
         """Count batch, as scheduled (before its sequences advance), which ran in execute_s."""
@@ -50,6 +61,7 @@ class StepShape:
             else:
                 self.prefill += n
                 self.attention += attended_pairs(start, n)
+                self.chunks.append((seq.request_id, start, n))
 
 
 class StepLog:
@@ -62,7 +74,9 @@ class StepLog:
         self._file: IO[str] | None = path.open("a", buffering=1)
         self._lock = threading.Lock()
 
-    def write(self, record: dict[str, float | int]) -> None:
+    def write(self, record: dict[str, object]) -> None:
+        """Append record as a line, stamped with the wall clock now ("end") unless it carries one."""
+        record.setdefault("end", time.time())
         with self._lock:
             if self._file is not None:
                 self._file.write(json.dumps(record) + "\n")
@@ -78,6 +92,10 @@ class StepLog:
                 "attention": shape.attention,
                 "seconds": seconds,
                 "execute_s": shape.execute_s,
+                "chunks": shape.chunks,
+                "added": shape.added,
+                "running": shape.running,
+                "waiting": shape.waiting,
             }
         )
 

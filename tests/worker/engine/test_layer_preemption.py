@@ -90,6 +90,51 @@ def test_a_chat_arriving_mid_step_gets_its_first_token_before_the_step_ends(llam
     assert metrics.registry.get_sample_value("hanzo_worker_urgent_steps_total", {"model_name": "llama"}) == 1
 
 
+def test_a_step_nested_in_an_urgent_one_still_takes_arrivals(llama_gqa_dir: Path) -> None:
+    # A batch step, an agent's prompt nested in it, a chat's nested in the agent's (it outranks all of
+    # it), and a document arriving while the chat's runs: taken there, not when the chat's step ends.
+    documents = mixed_prompts(3, vocab=512, seed=44, lengths=[120, 160, 90])
+    agent, chat = mixed_prompts(2, vocab=512, seed=45, lengths=[200, 60])
+    agent_hints = SchedulingHints(workload=WorkloadClass.AGENT_TOOL, tenant="tools")
+    expected: dict[str, list[int]] = {}
+    alone = _engine(llama_gqa_dir)
+    for name, prompt, hints in (("doc-0", documents[0], DOCS), ("doc-1", documents[1], DOCS)):
+        alone.add_request(name, prompt, GREEDY, detokenize=False, hints=hints)
+    for name, prompt, hints in (
+        ("agent", agent, agent_hints),
+        ("chat", chat, CHAT),
+        ("late", documents[2], DOCS),
+    ):
+        alone.add_request(name, prompt, GREEDY, detokenize=False, hints=hints)
+    _run_to_end(alone, expected)
+
+    engine = _engine(llama_gqa_dir)
+    tokens: dict[str, list[int]] = {}
+    for name, prompt in (("doc-0", documents[0]), ("doc-1", documents[1])):
+        engine.add_request(name, prompt, GREEDY, detokenize=False, hints=DOCS)
+    _collect(engine.step(), tokens)
+    depths: list[int] = []  # how many steps were executing at each poll
+
+    def poll() -> None:
+        depth = engine._executing
+        if not depths:
+            engine.add_request("agent", agent, GREEDY, detokenize=False, hints=agent_hints)
+        elif depth == 2 and 3 not in depths and "chat" not in engine.scheduler.request_ids():
+            engine.add_request("chat", chat, GREEDY, detokenize=False, hints=CHAT)
+        elif depth == 3 and 3 not in depths:
+            engine.add_request("late", documents[2], GREEDY, detokenize=False, hints=DOCS)
+        depths.append(depth)
+
+    delivered: list[RequestOutput] = []
+    _collect(engine.step(StepInterrupts(poll=poll, deliver=delivered.extend)), tokens)
+    assert 3 in depths and "late" in engine.scheduler.request_ids()
+    assert [o.request_id for o in delivered] == ["chat", "agent"]  # the chat's first token came first
+    assert engine.stats.urgent_steps == 2  # nothing ran inside the chat's step
+    _collect(delivered, tokens)
+    _run_to_end(engine, tokens)
+    assert tokens == expected
+
+
 def test_fifo_never_polls_and_runs_arrivals_after_the_step(llama_gqa_dir: Path) -> None:
     engine = _engine(llama_gqa_dir, PolicyName.FIFO)
     engine.add_request("doc", mixed_prompts(1, vocab=512, seed=43, lengths=[100])[0], GREEDY, hints=DOCS)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import time
 from pathlib import Path
 
 from services.worker.engine import LLMEngine, SamplingParams
@@ -29,15 +30,36 @@ async def test_generation_steps_account_for_every_token(llama_gqa_dir: Path, tmp
     # Distinct first tokens, so no block comes from the prefix cache: every prompt token is computed once.
     rng = random.Random(3)
     prompts = [[10 + i] + [rng.randrange(20, 500) for _ in range(n - 1)] for i, n in enumerate((100, 30, 7))]
+    began = time.time()
     async with AsyncLLM(engine, StepLog(log_path)) as llm:
 
-        async def run(prompt: list[int]) -> None:
-            async for _ in llm.generate(prompt, params):
+        async def run(name: str, prompt: list[int]) -> None:
+            async for _ in llm.generate(prompt, params, request_id=name):
                 pass
 
-        await asyncio.gather(*(run(p) for p in prompts))
+        await asyncio.gather(*(run(f"r{i}", p) for i, p in enumerate(prompts)))
+    ended = time.time()
     lines = _lines(log_path)
     assert sum(line["prefill"] for line in lines) == sum(len(p) for p in prompts)
+    # Each prompt's chunks, in the order they ran, cover it from its first token to its last.
+    covered: dict[str, int] = {}
+    for line in lines:
+        assert sum(n for _, _, n in line["chunks"]) == line["prefill"]
+        for request_id, start, n in line["chunks"]:
+            assert start == covered.get(request_id, 0)
+            covered[request_id] = start + n
+    assert covered == {f"r{i}": len(p) for i, p in enumerate(prompts)}
+    # Each request is noted once, when the engine took it, no later than the step that began its prompt.
+    added = {request_id: when for line in lines for request_id, when in line["added"]}
+    assert sorted(added) == sorted(covered)
+    for line in lines:
+        for request_id, start, _ in line["chunks"]:
+            assert start > 0 or added[request_id] <= line["end"]
+    # The first step found the requests taken so far queued, none yet holding a seat.
+    assert lines[0]["running"] == 0 and lines[0]["waiting"] >= 1
+    assert all(line["running"] + line["waiting"] <= 3 for line in lines)
+    ends = [line["end"] for line in lines]
+    assert began <= ends[0] and ends == sorted(ends) and ends[-1] <= ended
     # The prompt's last chunk samples the first token; each later token is one decode row whose context is
     # the tokens before it plus itself.
     assert sum(line["rows"] for line in lines) == len(prompts) * (outputs - 1)
@@ -65,6 +87,7 @@ def test_encoder_batches_are_logged(minilm_dir: Path, tmp_path: Path) -> None:
     assert len(lines) == 2
     assert sum(line["prefill"] for line in lines) == tokens
     assert all(line["rows"] == 0 and line["batches"] == 1 and line["inputs"] == 1 for line in lines)
+    assert lines[0]["end"] <= lines[1]["end"]
 
 
 def test_no_directory_no_log(tmp_path: Path) -> None:
