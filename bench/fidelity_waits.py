@@ -103,12 +103,10 @@ def explain(
         return {**base, "found": False}
     worker = own[0].worker
     mine = [s for s in steps if s.worker == worker]
-    taken = next(
-        (s.added[rid] for s in mine if rid in s.added and arrival - 1.0 <= s.added[rid] <= first), arrival
-    )
-    began = max(
-        own[0].start, taken
-    )  # a chunk nested in a running step began when it was taken at the soonest
+    # When the engine took it (the same id comes again in a later repeat: the one inside this wait).
+    times = [s.added[rid] for s in mine if rid in s.added]
+    taken = next((t for t in times if arrival - CLOCK_SLACK_S <= t <= first), arrival)
+    began = max(own[0].start, taken)  # a chunk nested in a running step began when taken at the soonest
     by_kind: dict[str, float] = defaultdict(float)
     full = 0
     for s in mine:

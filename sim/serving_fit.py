@@ -105,8 +105,9 @@ def request_overhead_s(
     is fitted on. 0 without embeddings; never below 0.
 
     Every embedding counts, not only those beside an idle decoder (the rule until fidelity run 16): a
-    trace at half load leaves 4 or 5 of 37 such, whose median moved 13-23 ms between runs of one trace,
-    where the residual over all of them held at 10-12 ms (docs/simulator.md, run 16)."""
+    trace at half load leaves 4 or 5 of its 37 such. Neither rule was steadier over run 16's five
+    calibration traces (13-23 ms by that one, 11-28 ms by this; docs/simulator.md): the calibration
+    trace's own embedding times move that much between runs."""
     rest = [
         seconds - (wait_s + encode / core_share if beside else encode)
         for tokens, seconds, beside in embeddings
