@@ -6,12 +6,14 @@ figures for the same request. One JSON line per request, slowest first, then a s
     .venv/bin/python bench/fidelity_waits.py [--workload realtime_chat] [--top 10] [--result PATH]
 
 For a request sent at `arrival` whose first token came `ttft` later:
-- to_engine_s: from arrival until its worker's engine took it (the gateway, the placer, the RPC and
-  the engine thread's next look at its commands);
-- queued_s: from there to the start of the step that ran its first prompt chunk (0 when that chunk was
-  nested in a step already running, as the worker runs an urgent prompt), and how its worker spent the
-  time: steps computing other requests' prompts (by class), steps of decodes only, no step (idle_s);
-  seats_full_steps: how many of those steps began with every seat taken;
+- to_engine_s: from arrival until an engine first took it (the gateway, the placer, the RPC and the
+  engine thread's next look at its commands); moved_from: the workers that took it before the one that
+  served it (one refuses a request its class's queue timeout expired on, and the gateway sends it to
+  another), and to_this_engine_s when the serving one took it;
+- queued_s: from the serving engine's take to the start of the step that ran its first prompt chunk
+  (0 when that chunk was nested in a step already running, as the worker runs an urgent prompt), and
+  how its worker spent the time: steps computing other requests' prompts (by class), steps of decodes
+  only, no step (idle_s); seats_full_steps: how many of those steps began with every seat taken;
 - own_steps_s: the steps that ran its chunks, with what the run's serving fit predicts for them (more
   than predicted: the step shared the cores) and the other prompts' tokens computed beside it;
 - tail_s: from its last chunk's step to the first token at the client;
@@ -38,8 +40,8 @@ from sim.serving_fit import logs_by_model
 
 RESULT = Path(__file__).resolve().parents[1] / ".cache" / "bench" / "sim_fidelity.json"
 MEDIANS = (
-    "ttft_s", "to_engine_s", "queued_s", "idle_s", "own_steps_s", "own_steps_predicted_s", "tail_s",
-    "other_worker_busy",
+    "ttft_s", "to_engine_s", "to_this_engine_s", "queued_s", "idle_s", "own_steps_s", "own_steps_predicted_s",
+    "tail_s", "other_worker_busy",
 )  # fmt: skip
 CLOCK_SLACK_S = 0.05  # the client's time 0 is read a moment after the wall clock it is lined up by
 ID_PREFIX = "fidelity"  # bench/fidelity_replay.py names request (session, turn) "fidelity-<session>-<turn>"
@@ -103,10 +105,16 @@ def explain(
         return {**base, "found": False}
     worker = own[0].worker
     mine = [s for s in steps if s.worker == worker]
-    # When the engine took it (the same id comes again in a later repeat: the one inside this wait).
-    times = [s.added[rid] for s in mine if rid in s.added]
-    taken = next((t for t in times if arrival - CLOCK_SLACK_S <= t <= first), arrival)
+    # When each engine took it, within this wait (the same id comes again in a later repeat): more than
+    # one when a worker refused it after its class's queue timeout and the gateway moved it.
+    takes = sorted(
+        (s.added[rid], s.worker)
+        for s in steps
+        if rid in s.added and arrival - CLOCK_SLACK_S <= s.added[rid] <= first
+    )
+    taken = max((t for t, w in takes if w == worker), default=arrival)
     began = max(own[0].start, taken)  # a chunk nested in a running step began when taken at the soonest
+    moved = [[w, round(t - arrival, 3)] for t, w in takes if w != worker]
     by_kind: dict[str, float] = defaultdict(float)
     full = 0
     for s in mine:
@@ -125,8 +133,10 @@ def explain(
         **base,
         "found": True,
         "worker": worker,
-        "to_engine_s": round(taken - arrival, 3),
-        "queued_s": round(began - taken, 3),
+        "to_engine_s": round((takes[0][0] if takes else arrival) - arrival, 3),
+        "moved_from": moved,  # [worker, seconds after arrival it took the request] before a retry here
+        "to_this_engine_s": round(taken - arrival, 3),
+        "queued_s": round(began - taken, 3),  # on the worker that served it
         "nested": own[0].start < taken,
         "queued_in": {k: round(v, 3) for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
         "idle_s": round(began - taken - busy, 3),

@@ -44,8 +44,8 @@ def test_a_wait_is_split_into_what_its_worker_ran() -> None:
         step("w2", 20.0, 21.0),
     ]
     e = explain(row(10.0, 3.1), T0, steps, CLASSES, COST, seats=8)
-    assert e["found"] and e["worker"] == "w1" and not e["nested"]
-    assert e["to_engine_s"] == 0.2 and e["queued_s"] == 1.8
+    assert e["found"] and e["worker"] == "w1" and not e["nested"] and e["moved_from"] == []
+    assert e["to_engine_s"] == e["to_this_engine_s"] == 0.2 and e["queued_s"] == 1.8
     assert e["queued_in"] == {"batch prompts": 0.8, "decodes only": 0.7}
     assert e["idle_s"] == 0.3 and e["seats_full_steps"] == 2
     assert e["own_chunks"] == [[0, 256], [256, 44]] and e["prompt_tokens_beside"] == 40
@@ -67,6 +67,18 @@ def test_a_chunk_nested_in_a_running_step_did_not_queue() -> None:
     ]
     e = explain(row(10.0, 0.6), T0, steps, CLASSES, COST, seats=8)
     assert e["nested"] and e["queued_s"] == 0 and e["to_engine_s"] == 0.05
+
+
+def test_a_request_refused_by_one_worker_and_moved_counts_its_time_there() -> None:
+    # w2 took it at once and refused it when the chat queue timeout (5 s) expired; the gateway moved it.
+    steps = [
+        step("w2", 10.0, 10.5, added={"fidelity-7-1": T0 + 10.01}),
+        step("w1", 15.0, 15.2, added={"fidelity-7-1": T0 + 15.1}),
+        step("w1", 15.2, 15.6, [("fidelity-7-1", 0, 300)]),
+    ]
+    e = explain(row(10.0, 5.7), T0, steps, CLASSES, COST, seats=8)
+    assert e["worker"] == "w1" and e["moved_from"] == [["w2", 0.01]]
+    assert e["to_engine_s"] == 0.01 and e["to_this_engine_s"] == 5.1 and e["queued_s"] == 0.1
 
 
 def test_a_request_of_another_repeat_is_not_found() -> None:
