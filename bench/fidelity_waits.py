@@ -33,7 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.fidelity_records import requests_path
 from bench.fidelity_steps import steps_dir
+from sim.cli_args import positive
 from sim.fidelity import CHAT_MODEL
 from sim.fit import TERMS
 from sim.serving_fit import logs_by_model
@@ -44,6 +46,7 @@ MEDIANS = (
     "tail_s", "other_worker_busy",
 )  # fmt: skip
 CLOCK_SLACK_S = 0.05  # the client's time 0 is read a moment after the wall clock it is lined up by
+DECODING = ("realtime_chat", "agent_tool", "batch")  # the classes whose prompts the decoder's steps log
 ID_PREFIX = "fidelity"  # bench/fidelity_replay.py names request (session, turn) "fidelity-<session>-<turn>"
 
 
@@ -65,7 +68,8 @@ class Step:
 
 
 def read_steps(directory: Path, model: str) -> list[Step]:
-    """Every step of model's workers under directory, in order of their start."""
+    """Every step of model's workers under directory, in order of their start. ValueError for a log
+    written before the lines carried their wall-clock end."""
     steps = []
     for path in logs_by_model(directory).get(model, []):
         for line in path.read_text().splitlines():
@@ -74,7 +78,7 @@ def read_steps(directory: Path, model: str) -> list[Step]:
             except json.JSONDecodeError:
                 continue  # cut short by a stopping worker
             if "end" not in r:
-                raise SystemExit(f"{path} has no wall-clock times: a run from before step logs carried them")
+                raise ValueError(f"{path} has no wall-clock times: a run from before step logs carried them")
             features = (r["batches"], r["rows"], r["context"], r["prefill"], r["attention"])
             chunks = tuple((str(c[0]), int(c[1]), int(c[2])) for c in r.get("chunks", ()))
             added = {str(a[0]): float(a[1]) for a in r.get("added", ())}
@@ -155,19 +159,30 @@ def main(argv: list[str] | None = None) -> int:
     raw = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     parser.add_argument("--result", type=Path, default=RESULT, help="a bench/sim_fidelity.py result")
-    parser.add_argument("--workload", default="realtime_chat", help="the class to look into")
-    parser.add_argument("--top", type=int, default=10, help="how many of its slowest requests")
+    parser.add_argument(
+        "--workload", default="realtime_chat", choices=DECODING, help="the class to look into (a decoder's)"
+    )
+    parser.add_argument("--top", type=positive(int), default=10, help="how many of its slowest requests")
     args = parser.parse_args(argv)
+    steps_at = steps_dir(args.result) / "evaluation"
+    for needed in (args.result, requests_path(args.result), steps_at):
+        if not needed.exists():
+            print(f"{needed} is missing: run bench/sim_fidelity.py (it writes all three)", file=sys.stderr)
+            return 2
     run = json.loads(args.result.read_text())
-    started = run["mesh"].get("repeat_started_unix")
+    started = run.get("mesh", {}).get("repeat_started_unix")
     if not started:
         print(f"{args.result} has no repeat start times: rerun bench/sim_fidelity.py", file=sys.stderr)
         return 2
-    requests = json.loads(args.result.with_name(args.result.stem + "_requests.json").read_text())
+    try:
+        steps = read_steps(steps_at, CHAT_MODEL)
+    except ValueError as error:
+        print(f"{error}; rerun bench/sim_fidelity.py", file=sys.stderr)
+        return 2
+    requests = json.loads(requests_path(args.result).read_text())
     rows = requests["real"]
     # The session's class by request id, as the step logs' chunks name them (the same in every repeat).
     classes = {f"{ID_PREFIX}-{r['session']}-{r['turn']}": str(r["workload"]) for r in rows}
-    steps = read_steps(steps_dir(args.result) / "evaluation", CHAT_MODEL)
     coefficients = run["calibration"]["coefficients"][CHAT_MODEL]
     mine = [r for r in rows if r["workload"] == args.workload and r["ttft_s"] is not None]
     slowest = sorted(mine, key=lambda r: -r["ttft_s"])[: args.top]

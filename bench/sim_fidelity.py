@@ -33,8 +33,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from bench.fidelity_mesh import serve_on_mesh
+from bench.fidelity_records import fitted_overhead_s, requests_path, row_of
+from bench.fidelity_resimulate import resimulate
 from bench.fidelity_steps import out_of_sample, steps_dir
-from services.common.workload import WorkloadClass
 from sim.calibrate import calibrate, single_token_words
 from sim.cli_args import count
 from sim.cpu_profile import cpu_profile
@@ -43,9 +44,7 @@ from sim.fidelity import (
     EMBED_MODEL,
     METRICS,
     FidelityPlan,
-    Served,
     class_metrics,
-    embeddings_beside_decoders,
     headline,
     load_scale_of,
     make_trace,
@@ -62,8 +61,7 @@ from sim.fidelity import (
     weighted,
 )
 from sim.fleet import NetworkCosts
-from sim.profiles import GpuProfile
-from sim.serving_fit import is_encoder, logs_by_model, request_overhead_s, serving_calibration
+from sim.serving_fit import logs_by_model, serving_calibration
 from sim.sharegpt import Conversation, conversations
 from sim.trace import Trace
 
@@ -114,24 +112,6 @@ def _worst(runs: list[dict[str, dict[str, float | None]]], metric: str) -> float
     """The worst class's error on metric over every run's errors; None without runs."""
     found = [value for errors in runs if (value := headline(errors, metric)) is not None]
     return max(found) if found else None
-
-
-def _overhead(calibration: list[Served], profile: GpuProfile) -> float:
-    """The request overhead fitted to the calibration trace's embeddings (serving_fit.request_overhead_s)."""
-    embeddings = embeddings_beside_decoders(calibration)
-    return request_overhead_s(
-        embeddings, profile.model(EMBED_MODEL), profile.encoder_core_share, profile.encoder_wait
-    )
-
-
-def _row(s: Served) -> dict[str, object]:
-    return {**s.__dict__, "workload": s.workload.name.lower()}
-
-
-def _served(row: dict[str, object]) -> Served:
-    """A _row read back (a run's detail file); keys Served lacks (a repeat's number) are dropped."""
-    fields = {k: v for k, v in row.items() if k in Served.__dataclass_fields__}
-    return Served(**{**fields, "workload": WorkloadClass[str(row["workload"]).upper()]})  # type: ignore[arg-type]
 
 
 def run_fidelity(
@@ -210,7 +190,7 @@ def run_fidelity(
     real_served = [s for run in real_runs for s in run]
     errors_offline = relative_errors(real, sim_offline)
     serving_profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
-    overhead_s = _overhead(calibration_served, serving_profile)
+    overhead_s = fitted_overhead_s(calibration_served, serving_profile)
     network = NetworkCosts(request_overhead_s=overhead_s)
     if serving is not offline:
         sim_served, _ = simulate(trace, serving_profile, plan.seed, turns, network)
@@ -281,11 +261,11 @@ def run_fidelity(
     out.write_text(json.dumps(result))
     # Every request on both sides, for looking into where the two part.
     detail = {
-        "real": [{**_row(r), "repeat": k} for k, run in enumerate(real_runs) for r in run],
-        "sim": [_row(r) for r in sim_served],
-        "calibration_real": [_row(r) for r in calibration_served],
+        "real": [{**row_of(r), "repeat": k} for k, run in enumerate(real_runs) for r in run],
+        "sim": [row_of(r) for r in sim_served],
+        "calibration_real": [row_of(r) for r in calibration_served],
     }
-    out.with_name(out.stem + "_requests.json").write_text(json.dumps(detail))
+    requests_path(out).write_text(json.dumps(detail))
     return result
 
 
@@ -317,54 +297,6 @@ def _fit_spread(
     }
 
 
-def resimulate(last: Path) -> dict[str, object]:
-    """The simulator's side of the run saved in last, again, on that run's serving calibration (its
-    coefficients and request overhead, from its calibration trace) against its real side: for changes to
-    the simulator between mesh runs. Written next to last, which stays as it was."""
-    run = json.loads(last.read_text())
-    offline = calibrate()
-    fitted = run["calibration"]
-    serving = json.loads(json.dumps(offline))
-    for model, coefficients in fitted["coefficients"].items():
-        if not is_encoder(serving["models"][model]):  # an encoder keeps its offline fit (serving_calibration)
-            serving["models"][model]["coefficients"] = coefficients
-    plan = FidelityPlan(mesh_workload(run["window_s"], run.get("load_scale", 1.0)), seed=run["seed"])
-    turns = conversations(CONVERSATIONS)
-    trace = make_trace(plan, turns)
-    profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
-    overhead_s = fitted["request_overhead_s"]
-    requests = last.with_name(last.stem + "_requests.json")
-    if requests.exists():  # measured again by the current rule on that run's calibration requests
-        served = [_served(row) for row in json.loads(requests.read_text())["calibration_real"]]
-        overhead_s = _overhead(served, profile)
-    network = NetworkCosts(request_overhead_s=overhead_s)
-    sim_served, _ = simulate(trace, profile, plan.seed, turns, network)
-    sim_metrics = matched_metrics(sim_served, trace.duration_s, int(run.get("repeats", 1)))
-    errors = relative_errors(run["real"], sim_metrics)
-    result = {
-        "resimulated_from": str(last),
-        "measured_at": run["measured_at"],
-        "request_overhead_s": overhead_s,
-        "sim": sim_metrics,
-        "errors": errors,
-        "fidelity_ttft_p99_error": headline(errors, "ttft_p99_s"),
-        "fidelity_ttft_p50_error": headline(errors, "ttft_p50_s"),
-        "fidelity_throughput_error": headline(errors, "throughput"),
-        "preemptions": {
-            "real_per_repeat": run.get("preemptions", {}).get("real_per_repeat"),
-            "sim": preemptions_by_class(sim_served),
-        },
-        "routing": {
-            "real_repeats": run.get("routing", {}).get("real_repeats"),
-            "sim": routing_shares(sim_served),
-        },
-    }
-    last.with_name(last.stem + "_resimulated.json").write_text(json.dumps(result))
-    rows = [_row(r) for r in sim_served]
-    last.with_name(last.stem + "_resimulated_requests.json").write_text(json.dumps(rows))
-    return result
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.resimulate and (args.repeats != 1 or args.seconds is not None or args.load_scale is not None):
@@ -375,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         print(why, file=sys.stderr)
         return 2
     if args.resimulate:
-        print(json.dumps(resimulate(OUT_QUICK if args.quick else OUT)))
+        print(json.dumps(resimulate(OUT_QUICK if args.quick else OUT, conversations(CONVERSATIONS))))
         return 0
     if args.repeats < 1:
         print(f"--repeats must be at least 1, got {args.repeats}", file=sys.stderr)

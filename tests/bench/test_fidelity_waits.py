@@ -6,7 +6,9 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.fidelity_waits import Step, explain, read_steps
+import pytest
+
+from bench.fidelity_waits import Step, explain, main, read_steps
 from sim.fit import TERMS
 
 T0 = 1_000.0  # the repeat's time 0 on the wall clock
@@ -101,3 +103,47 @@ def test_step_logs_are_read_in_order_of_their_start(tmp_path: Path) -> None:
     assert [(s.start, s.end) for s in steps] == [(10.0, 11.0), (11.5, 12.0)]
     assert steps[1].added == {"fidelity-7-1": 11.7} and steps[1].features == (1, 2, 40, 0, 0)
     assert steps[0].chunks == (("fidelity-2-0", 0, 8),)
+
+
+def _saved_run(tmp_path: Path, step_line: dict[str, object]) -> Path:
+    """A bench/sim_fidelity.py result, its requests file and one worker's step log, as the bench writes."""
+    result = tmp_path / "sim_fidelity.json"
+    result.write_text(
+        json.dumps(
+            {"mesh": {"repeat_started_unix": [T0]}, "profile": {"max_running": 8},
+             "calibration": {"coefficients": {"smollm2": COST}}}
+        )
+    )  # fmt: skip
+    real = {**row(10.0, 0.6), "repeat": 0}
+    sim = {**row(10.0, 0.5), "node": "w2"}
+    (tmp_path / "sim_fidelity_requests.json").write_text(json.dumps({"real": [real], "sim": [sim]}))
+    logs = tmp_path / "sim_fidelity_steps" / "evaluation"
+    logs.mkdir(parents=True)
+    (logs / "worker-11-smollm2.jsonl").write_text(json.dumps(step_line) + "\n")
+    return result
+
+
+STEP_LINE = {
+    "batches": 1, "rows": 0, "context": 0, "prefill": 300, "attention": 45150, "seconds": 0.5,
+    "end": T0 + 10.55, "chunks": [["fidelity-7-1", 0, 300]], "added": [["fidelity-7-1", T0 + 10.02]],
+    "running": 0,
+}  # fmt: skip
+
+
+def test_the_command_explains_a_saved_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--result", str(_saved_run(tmp_path, STEP_LINE))]) == 0
+    *lines, summary = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(lines) == 1 and lines[0]["to_engine_s"] == 0.02 and lines[0]["sim_ttft_s"] == 0.5
+    assert summary["requests"] == summary["found"] == 1 and summary["ttft_s_median"] == 0.6
+
+
+def test_the_command_refuses_what_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--result", str(tmp_path / "none.json")]) == 2
+    assert "none.json is missing" in capsys.readouterr().err
+    old = {k: v for k, v in STEP_LINE.items() if k not in ("end", "chunks", "added", "running")}
+    assert main(["--result", str(_saved_run(tmp_path, old))]) == 2
+    assert "no wall-clock times" in capsys.readouterr().err
+    for bad in (["--workload", "embedding"], ["--top", "0"]):
+        with pytest.raises(SystemExit) as refused:
+            main(bad)
+        assert refused.value.code == 2

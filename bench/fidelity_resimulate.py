@@ -1,0 +1,74 @@
+"""bench/sim_fidelity.py --resimulate: the simulator's side of a saved run again, on that run's serving
+calibration, against its real side, for changes to the simulator between mesh runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.fidelity_records import fitted_overhead_s, requests_path, row_of, served_of
+from sim.calibrate import calibrate
+from sim.cpu_profile import cpu_profile
+from sim.fidelity import (
+    CHAT_MODEL,
+    EMBED_MODEL,
+    FidelityPlan,
+    headline,
+    make_trace,
+    matched_metrics,
+    mesh_workload,
+    preemptions_by_class,
+    relative_errors,
+    routing_shares,
+    simulate,
+)
+from sim.fleet import NetworkCosts
+from sim.serving_fit import is_encoder
+from sim.sharegpt import Conversation
+
+
+def resimulate(last: Path, turns: list[Conversation]) -> dict[str, object]:
+    """The simulator's side of the run saved in last (its trace built from turns, as the run built it),
+    again, on that run's serving calibration (its coefficients and request overhead, from its
+    calibration trace) against its real side. Written next to last, which stays as it was."""
+    run = json.loads(last.read_text())
+    offline = calibrate()
+    fitted = run["calibration"]
+    serving = json.loads(json.dumps(offline))
+    for model, coefficients in fitted["coefficients"].items():
+        if not is_encoder(serving["models"][model]):  # an encoder keeps its offline fit (serving_calibration)
+            serving["models"][model]["coefficients"] = coefficients
+    plan = FidelityPlan(mesh_workload(run["window_s"], run.get("load_scale", 1.0)), seed=run["seed"])
+    trace = make_trace(plan, turns)
+    profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
+    overhead_s = fitted["request_overhead_s"]
+    requests = requests_path(last)
+    if requests.exists():  # measured again by the current rule on that run's calibration requests
+        served = [served_of(row) for row in json.loads(requests.read_text())["calibration_real"]]
+        overhead_s = fitted_overhead_s(served, profile)
+    network = NetworkCosts(request_overhead_s=overhead_s)
+    sim_served, _ = simulate(trace, profile, plan.seed, turns, network)
+    sim_metrics = matched_metrics(sim_served, trace.duration_s, int(run.get("repeats", 1)))
+    errors = relative_errors(run["real"], sim_metrics)
+    result = {
+        "resimulated_from": str(last),
+        "measured_at": run["measured_at"],
+        "request_overhead_s": overhead_s,
+        "sim": sim_metrics,
+        "errors": errors,
+        "fidelity_ttft_p99_error": headline(errors, "ttft_p99_s"),
+        "fidelity_ttft_p50_error": headline(errors, "ttft_p50_s"),
+        "fidelity_throughput_error": headline(errors, "throughput"),
+        "preemptions": {
+            "real_per_repeat": run.get("preemptions", {}).get("real_per_repeat"),
+            "sim": preemptions_by_class(sim_served),
+        },
+        "routing": {
+            "real_repeats": run.get("routing", {}).get("real_repeats"),
+            "sim": routing_shares(sim_served),
+        },
+    }
+    last.with_name(last.stem + "_resimulated.json").write_text(json.dumps(result))
+    rows = [row_of(r) for r in sim_served]
+    last.with_name(last.stem + "_resimulated_requests.json").write_text(json.dumps(rows))
+    return result
