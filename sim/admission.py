@@ -9,6 +9,8 @@ the methods type-check on their own class and compile with sim/compiled.py."""
 from __future__ import annotations
 
 import heapq
+import math
+from collections.abc import Callable
 
 from sim.prefix_cache import PrefixCache
 from sim.request import Request
@@ -33,6 +35,8 @@ class Admission(ModelLifecycle):
     prefix_tokens_saved: int
     preemptions: int
     recomputed_tokens: int
+    on_refused: Callable[[Request], None] | None
+    queue_timeouts: int
 
     @property
     def num_running(self) -> int:
@@ -95,6 +99,39 @@ class Admission(ModelLifecycle):
             at -= 1
         self.prefilling.insert(at, request)
         return request
+
+    def _expire(self, now: float) -> None:
+        """Refuse the waiting requests never scheduled by their queue timeout (the worker's scheduler,
+        _expire) and hand each to on_refused. A preempted one already streamed tokens: it resumes, never
+        refused. Each class's queue holds the preempted first, then the rest in arrival order, so the
+        walk stops at the first of those not due (a class sharing a queue with one of a longer timeout
+        may be refused a little late: the simulated workloads put none there)."""
+        on_refused = self.on_refused
+        assert on_refused is not None
+        for queue in self.waiting:
+            expired: list[Request] = []
+            for request in queue:
+                if request.admit_no:
+                    continue
+                if request.expires_s > now:
+                    break
+                expired.append(request)
+            for request in expired:
+                queue.remove(request)
+                self.num_waiting -= 1
+                self.queue_timeouts += 1
+                on_refused(request)
+
+    def _earliest_expiry(self) -> float:
+        """When the next waiting request is refused if nothing schedules it first (as _expire walks)."""
+        earliest = math.inf
+        for queue in self.waiting:
+            for request in queue:
+                if request.admit_no:
+                    continue
+                earliest = min(earliest, request.expires_s)
+                break
+        return earliest
 
     def _victim(self, unserved: int) -> Request | None:
         """The lowest-ranked sequence not served this step (prefilling[unserved:] and the decodes): the

@@ -17,6 +17,9 @@ admitted first), which go back to the head of their class's queue to recompute w
 blocks stay in the prefix cache while nothing else needs them, so that is cheap unless the pool is
 tight). KV grows a token per decode; when the pool runs out, the lowest-ranked sequences are preempted
 the same way. After a preemption only what outranks every victim is admitted at that step (no thrash).
+A prompt never scheduled within its class's queue timeout (the worker's defaults: chat 5 s, agent 10 s,
+batch 600 s) is refused at the first step boundary past it and handed back (on_refused), for the gateway
+to try another worker.
 A latency-class prompt that arrives during a decode step starts after at most the profile's preemption
 granularity (layer-level preemption; half a layer of the running step where the profile knows the
 layers), and during a prompt step it runs nested in a free seat and free KV, displacing nothing, unless
@@ -39,7 +42,7 @@ from collections.abc import Callable
 from sim.admission import DONE_TOLERANCE, NO_VICTIM
 from sim.prefix_cache import PrefixCache
 from sim.profiles import GpuProfile, ModelCost
-from sim.request import Request
+from sim.request import QUEUE_TIMEOUT_S, Request
 from sim.residency import Residency
 from sim.step_budget import StepBudget
 
@@ -53,7 +56,9 @@ Schedule = Callable[[float, "GpuEngine", int], None]
 class GpuEngine(StepBudget):
     """schedule(time, engine, version): asks the event loop to call on_event(time, version) then;
     on_done(request): a request's last token (or its embedding) is out. models: resident at the start;
-    host_copies: others the worker can reload from host memory (sim/residency.py)."""
+    host_copies: others the worker can reload from host memory (sim/residency.py). on_refused(request):
+    a prompt waited past its queue timeout and left the engine; None keeps every prompt however long it
+    waits (an engine with no gateway to hand it to)."""
 
     def __init__(
         self,
@@ -63,6 +68,7 @@ class GpuEngine(StepBudget):
         schedule: Schedule,
         on_done: Callable[[Request], None],
         host_copies: tuple[str, ...] = (),
+        on_refused: Callable[[Request], None] | None = None,
     ) -> None:
         self.index = index
         self.profile = profile
@@ -74,6 +80,8 @@ class GpuEngine(StepBudget):
         self._size_kv()
         self._schedule = schedule
         self._on_done = on_done
+        self.on_refused = on_refused
+        self.queue_timeouts = 0  # prompts refused after their class's queue timeout
         self.clock = 1.0  # SM clock factor, set by the thermal model
         self.mode = IDLE
         self.t = 0.0  # time of the last advance
@@ -119,6 +127,7 @@ class GpuEngine(StepBudget):
         if self.costs[request.model].embedding:
             self._embed(request, now)
             return
+        request.expires_s = now + QUEUE_TIMEOUT_S[request.workload]
         self.waiting[request.priority].append(request)
         self.num_waiting += 1
         if self.mode == IDLE:
@@ -203,6 +212,8 @@ class GpuEngine(StepBudget):
             self._complete_finished(now)
         if self.running and self.kv_capacity - self.kv_used < len(self.running):
             self._relieve()
+        if self.num_waiting and self.on_refused is not None:
+            self._expire(now)
         if (self.prefilling or self.num_waiting) and self._start_step(now):
             return
         if self.running:
@@ -267,6 +278,12 @@ class GpuEngine(StepBudget):
         decodes = len(self.running)
         if decodes * steps > self.kv_capacity - self.kv_used and decodes + len(self.prefilling) > 1:
             steps = (self.kv_capacity - self.kv_used) / decodes
+        if self.num_waiting and self.on_refused is not None:
+            # The worker looks at its queue when it schedules a step: the first step boundary past the
+            # next queue timeout ends the stretch.
+            due = (self._earliest_expiry() - now) / self.decode_step_s
+            if due < steps:
+                steps = min(steps, math.ceil(self.counter + due - _EPS) - self.counter)
         self._at(now + max(steps, 0.0) * self.decode_step_s, force=True)
 
     def _start_step(self, now: float) -> bool:

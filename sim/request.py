@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
 from services.common.workload import WorkloadClass
+from services.worker.engine.policy.classes import DEFAULT_CLASS_POLICIES
 
 # The adaptive policy's order of waiting prompts (worker/engine/policy/classes.py): chat first, then
 # the other latency classes, batch last.
@@ -12,6 +15,12 @@ PRIORITY = {
     WorkloadClass.EMBEDDING: 1,
     WorkloadClass.UNSPECIFIED: 1,
     WorkloadClass.BATCH: 2,
+}
+# How long a request may wait at a worker for its first schedule before the worker refuses it
+# (RESOURCE_EXHAUSTED) and the gateway moves it to another: the worker's defaults, inf for none.
+QUEUE_TIMEOUT_S = {
+    wc: math.inf if policy.queue_timeout_s is None else policy.queue_timeout_s
+    for wc, policy in DEFAULT_CLASS_POLICIES.items()
 }
 
 
@@ -25,10 +34,13 @@ class Request:
     __slots__ = (
         "admit_no",
         "arrival_s",
+        "attempts",
         "cached",
         "caller_zone",
         "conversation",
         "done_s",
+        "excluded",
+        "expires_s",
         "finish_counter",
         "first_token_s",
         "follow_up",
@@ -89,3 +101,8 @@ class Request:
         self.admit_no = 0
         self.join_counter = 0.0
         self.preemptions = 0
+        # The gateway's side: workers picked so far, those that failed it (excluded from the next pick),
+        # and when the worker now holding it refuses it if it was never scheduled (queue timeout).
+        self.attempts = 0
+        self.excluded: frozenset[str] = frozenset()
+        self.expires_s = math.inf

@@ -74,7 +74,9 @@ class Simulation:
         self._order = itertools.count()
         copies = config.layout.host_copies
         self.engines = [
-            GpuEngine(g, profile, list(fleet.models[g]), self._schedule_engine, self._done, copies)
+            GpuEngine(
+                g, profile, list(fleet.models[g]), self._schedule_engine, self._done, copies, self._refused
+            )
             for g in range(config.layout.gpus)
         ]
         self.index_of = {node_id: g for g, node_id in enumerate(fleet.node_ids)}
@@ -105,6 +107,7 @@ class Simulation:
         self.in_flight = 0
         self.not_found = 0  # picks of a node that did not hold the model (the gateway tries another)
         self.exhausted = 0  # picks of a node that could not reload it (no room)
+        self.queue_timeouts = 0  # prompts a worker refused after their queue timeout (the gateway moves them)
         self.picks = 0
         self.pick_s = 0.0
         self.trace: list[tuple[float, float, float, float, float]] = []  # t, temperature p50/p90/p99/max
@@ -194,6 +197,8 @@ class Simulation:
         self.workers.refused.clear()
 
     def _arrive(self, request: Request) -> None:
+        """Pick a worker for request and hand it over, trying others as the gateway does (up to
+        MAX_ATTEMPTS workers for the request in all, each that failed it excluded from the next pick)."""
         query = PickQuery(
             model=request.model,
             workload_class=request.workload,
@@ -203,8 +208,10 @@ class Simulation:
             prompt_tokens=request.prompt,
             now_s=self.now,
             explain_top=0,  # as the gateway asks
+            exclude=request.excluded,
         )
-        for _ in range(MAX_ATTEMPTS):
+        while request.attempts < MAX_ATTEMPTS:
+            request.attempts += 1
             started = time.perf_counter()
             self.state.expire()
             node_id = self.choose(self.state, query)
@@ -228,8 +235,18 @@ class Simulation:
                 self.exhausted += 1  # RESOURCE_EXHAUSTED: no room for it there
             else:
                 self.not_found += 1  # NOT_FOUND: the placer's view was a beat behind
-            query = replace(query, exclude=query.exclude | {node_id})  # the gateway tries another
+            request.excluded = request.excluded | {node_id}  # the gateway tries another
+            query = replace(query, exclude=request.excluded)
         self.classes[request.workload].rejected += 1
+
+    def _refused(self, request: Request) -> None:
+        """A worker refused request after its queue timeout (RESOURCE_EXHAUSTED, nothing sent yet): the
+        gateway tries another worker at once."""
+        self.in_flight -= 1
+        self.queue_timeouts += 1
+        request.excluded = request.excluded | {self.fleet.node_ids[request.gpu]}
+        request.gpu = -1
+        self._arrive(request)
 
     def _done(self, request: Request) -> None:
         self.in_flight -= 1
@@ -300,7 +317,11 @@ class Simulation:
             # ran out) and the prompt tokens computed again for them.
             "preemptions": sum(e.preemptions for e in engines),
             "recomputed_tokens": sum(e.recomputed_tokens for e in engines),
-            "retries": {"not_found": self.not_found, "resource_exhausted": self.exhausted},
+            "retries": {
+                "not_found": self.not_found,
+                "resource_exhausted": self.exhausted,
+                "queue_timeout": self.queue_timeouts,
+            },
             "model_loads": self.workers.summary(),
             "replica_planner": None if self.planner is None else self.planner.summary(),
             "latency_reserve": None if self.reserve is None else self.reserve.summary(),

@@ -37,6 +37,7 @@ from sim.fidelity import (
 )
 from sim.fit import TERMS
 from sim.profiles import GpuProfile, ModelCost
+from sim.request import QUEUE_TIMEOUT_S
 from sim.sharegpt import conversations
 from sim.trace import TraceLimits
 from tests.mesh_e2e.conftest import API_KEY, running_mesh
@@ -99,6 +100,27 @@ def test_the_simulated_mesh_serves_every_request_of_the_trace(turns: list) -> No
     served, sim = simulate(trace, PROFILE, PLAN.seed, turns)
     assert len(served) == trace.requests()
     assert {e.index for e in sim.engines if e.decoded_tokens} == {0, 1}  # both workers take work
+
+
+def test_a_prompt_past_its_queue_timeout_moves_to_the_other_worker_as_the_gateway_does(turns: list) -> None:
+    """Prompt tokens 200 times dearer than PROFILE's: chats queue behind chats for longer than their 5 s
+    timeout, the worker refuses them, and the gateway tries the other worker; one refused by both is
+    refused to its caller. Every request issued is served or refused, none twice by the same worker."""
+    slow_chat = replace(PROFILE.models[CHAT_MODEL], per_prefill_token_s=0.02)
+    slow = replace(PROFILE, models={**PROFILE.models, CHAT_MODEL: slow_chat})
+    trace = make_trace(PLAN, turns)
+    _, sim = simulate(trace, slow, PLAN.seed, turns)
+    completed = sim.workload.completed  # type: ignore[union-attr]
+    moved = [r for r in completed if r.excluded]
+    assert sim.queue_timeouts > 0 and moved
+    for r in moved:
+        assert MESH_NODES[r.gpu] not in r.excluded and r.attempts == len(r.excluded) + 1
+        assert r.first_token_s - r.arrival_s >= QUEUE_TIMEOUT_S[r.workload]  # a whole timeout at the first
+    rejected = sum(c.rejected for c in sim.classes.values())
+    assert rejected > 0 and sim.queue_timeouts == len(moved) + 2 * rejected
+    later_turns = sum(r.follow_up[1] + 1 < len(r.follow_up[0].turns) for r in completed)
+    assert len(trace.sessions) + later_turns == len(completed) + rejected
+    assert sim.summary()["retries"]["queue_timeout"] == sim.queue_timeouts  # type: ignore[index]
 
 
 def test_repeats_pool_their_requests_and_average_their_throughput() -> None:
