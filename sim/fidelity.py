@@ -110,7 +110,8 @@ def simulate(
     conversations: list[Conversation],
     network: NetworkCosts | None = None,
 ) -> tuple[list[Served], Simulation]:
-    """The trace through the simulated mesh under the placer's policy; every request as served.
+    """The trace through the simulated mesh under the placer's policy; every request as served (those no
+    worker took with their status and no times, as the real side records a failed one).
     network: the callers' costs (default: the fleet's wire, no serving-stack overhead)."""
     network = network or NetworkCosts()
     workload = WorkloadConfig(duration_s=trace.duration_s + _DRAIN_S)
@@ -137,6 +138,20 @@ def simulate(
             node=MESH_NODES[r.gpu],
         )
         for r in replay.completed
+    ]
+    served += [
+        Served(
+            workload=r.workload,
+            session=r.follow_up[0].index,  # type: ignore[index]
+            turn=r.follow_up[1],  # type: ignore[index]
+            arrival_s=r.arrival_s,
+            ttft_s=None,
+            done_s=None,
+            prompt=r.prompt,
+            output=0,
+            status="RESOURCE_EXHAUSTED",  # the gateway's answer once every worker it tried was overloaded
+        )
+        for r in sim.rejected
     ]
     return served, sim
 

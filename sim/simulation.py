@@ -107,6 +107,7 @@ class Simulation:
         self.in_flight = 0
         self.not_found = 0  # picks of a node that did not hold the model (the gateway tries another)
         self.exhausted = 0  # picks of a node that could not reload it (no room)
+        self.rejected: list[Request] = []  # requests no worker served, in the order they were refused
         self.queue_timeouts = 0  # prompts a worker refused after their queue timeout (the gateway moves them)
         self.picks = 0
         self.pick_s = 0.0
@@ -193,7 +194,7 @@ class Simulation:
             engine.enqueue(request, now)
         for request in self.workers.refused:
             self.in_flight -= 1
-            self.classes[request.workload].rejected += 1
+            self._reject(request)
         self.workers.refused.clear()
 
     def _arrive(self, request: Request) -> None:
@@ -237,7 +238,12 @@ class Simulation:
                 self.not_found += 1  # NOT_FOUND: the placer's view was a beat behind
             request.excluded = request.excluded | {node_id}  # the gateway tries another
             query = replace(query, exclude=request.excluded)
+        self._reject(request)
+
+    def _reject(self, request: Request) -> None:
+        """No worker took request: the caller gets an error and its session ends there."""
         self.classes[request.workload].rejected += 1
+        self.rejected.append(request)
 
     def _refused(self, request: Request) -> None:
         """A worker refused request after its queue timeout (RESOURCE_EXHAUSTED, nothing sent yet): the

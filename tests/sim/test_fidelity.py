@@ -109,7 +109,7 @@ def test_a_prompt_past_its_queue_timeout_moves_to_the_other_worker_as_the_gatewa
     slow_chat = replace(PROFILE.models[CHAT_MODEL], per_prefill_token_s=0.02)
     slow = replace(PROFILE, models={**PROFILE.models, CHAT_MODEL: slow_chat})
     trace = make_trace(PLAN, turns)
-    _, sim = simulate(trace, slow, PLAN.seed, turns)
+    served, sim = simulate(trace, slow, PLAN.seed, turns)
     completed = sim.workload.completed  # type: ignore[union-attr]
     moved = [r for r in completed if r.excluded]
     assert sim.queue_timeouts > 0 and moved
@@ -118,6 +118,10 @@ def test_a_prompt_past_its_queue_timeout_moves_to_the_other_worker_as_the_gatewa
         assert r.first_token_s - r.arrival_s >= QUEUE_TIMEOUT_S[r.workload]  # a whole timeout at the first
     rejected = sum(c.rejected for c in sim.classes.values())
     assert rejected > 0 and sim.queue_timeouts == len(moved) + 2 * rejected
+    failed = [s for s in served if s.status != "OK"]  # as the real side records a request the gateway refused
+    assert len(failed) == rejected and all(
+        s.status == "RESOURCE_EXHAUSTED" and s.ttft_s is None for s in failed
+    )
     later_turns = sum(r.follow_up[1] + 1 < len(r.follow_up[0].turns) for r in completed)
     assert len(trace.sessions) + later_turns == len(completed) + rejected
     assert sim.summary()["retries"]["queue_timeout"] == sim.queue_timeouts  # type: ignore[index]
