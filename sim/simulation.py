@@ -108,7 +108,6 @@ class Simulation:
         self.not_found = 0  # picks of a node that did not hold the model (the gateway tries another)
         self.exhausted = 0  # picks of a node that could not reload it (no room)
         self.rejected: list[Request] = []  # requests no worker served, in the order they were refused
-        self.queue_timeouts = 0  # prompts a worker refused after their queue timeout (the gateway moves them)
         self.picks = 0
         self.pick_s = 0.0
         self.trace: list[tuple[float, float, float, float, float]] = []  # t, temperature p50/p90/p99/max
@@ -249,7 +248,6 @@ class Simulation:
         """A worker refused request after its queue timeout (RESOURCE_EXHAUSTED, nothing sent yet): the
         gateway tries another worker at once."""
         self.in_flight -= 1
-        self.queue_timeouts += 1
         request.excluded = request.excluded | {self.fleet.node_ids[request.gpu]}
         request.gpu = -1
         self._arrive(request)
@@ -326,7 +324,7 @@ class Simulation:
             "retries": {
                 "not_found": self.not_found,
                 "resource_exhausted": self.exhausted,
-                "queue_timeout": self.queue_timeouts,
+                "queue_timeout": sum(e.queue_timeouts for e in engines),
             },
             "model_loads": self.workers.summary(),
             "replica_planner": None if self.planner is None else self.planner.summary(),
