@@ -23,6 +23,7 @@ from services.common.workload import WorkloadClass
 from sim.config import Models, SimConfig, WorkloadConfig
 from sim.fleet import Cooling, FleetLayout, NetworkCosts
 from sim.profiles import GpuProfile
+from sim.request import Request
 from sim.sharegpt import Conversation
 from sim.simulation import Simulation
 from sim.trace import Trace, TraceLimits, TraceWorkload, build_trace
@@ -123,37 +124,32 @@ def simulate(
     sim = Simulation(config, "ours", conversations, workload=replay)
     sim.run()
     network_s = network.round_trip_s(True)
-    served = [
-        Served(
-            workload=r.workload,
-            session=r.follow_up[0].index,  # type: ignore[index]
-            turn=r.follow_up[1],  # type: ignore[index]
-            arrival_s=r.arrival_s,
-            ttft_s=r.first_token_s - r.arrival_s + network_s,
-            done_s=r.done_s + network_s,
-            prompt=r.prompt,
-            output=r.output,
-            cached=r.cached,
-            preemptions=r.preemptions,
-            node=MESH_NODES[r.gpu],
-        )
-        for r in replay.completed
-    ]
-    served += [
-        Served(
-            workload=r.workload,
-            session=r.follow_up[0].index,  # type: ignore[index]
-            turn=r.follow_up[1],  # type: ignore[index]
-            arrival_s=r.arrival_s,
-            ttft_s=None,
-            done_s=None,
-            prompt=r.prompt,
-            output=0,
-            status="RESOURCE_EXHAUSTED",  # the gateway's answer once every worker it tried was overloaded
-        )
-        for r in sim.rejected
-    ]
+    served = [_served(r, network_s) for r in replay.completed]
+    served += [_served(r, network_s, failed=True) for r in sim.rejected]
     return served, sim
+
+
+def _served(r: Request, network_s: float, failed: bool = False) -> Served:
+    """A simulated request as the real side records one; failed: no worker took it, and the gateway
+    answered RESOURCE_EXHAUSTED (every worker it tried was overloaded), with no times."""
+    session, turn = r.follow_up  # type: ignore[misc]
+    if failed:
+        return Served(
+            r.workload, session.index, turn, r.arrival_s, None, None, r.prompt, 0, "RESOURCE_EXHAUSTED"
+        )
+    return Served(
+        workload=r.workload,
+        session=session.index,
+        turn=turn,
+        arrival_s=r.arrival_s,
+        ttft_s=r.first_token_s - r.arrival_s + network_s,
+        done_s=r.done_s + network_s,
+        prompt=r.prompt,
+        output=r.output,
+        cached=r.cached,
+        preemptions=r.preemptions,
+        node=MESH_NODES[r.gpu],
+    )
 
 
 def preemptions_by_class(served: Iterable[Served]) -> dict[str, int]:
