@@ -127,15 +127,15 @@ def main() -> None:
 def _fidelity(mode: str, seed: int) -> dict[str, object]:
     """The fidelity figures (bench/sim_fidelity.py's result, less the per-class detail): measured now,
     read from the last full run, or none."""
+    from bench.sim_fidelity import DEFAULT_OFFERED_LOAD, run_fidelity
     from bench.sim_fidelity import FULL as FIDELITY_FULL
     from bench.sim_fidelity import OUT as FIDELITY_OUT
-    from bench.sim_fidelity import run_fidelity
 
     if mode == "off":
         return {"source": "off"}
     if mode == "run":
         log("fidelity: the local mesh and the simulator on one trace")
-        result = run_fidelity(replace(FIDELITY_FULL, seed=seed))
+        result = run_fidelity(replace(FIDELITY_FULL, seed=seed), target_load=DEFAULT_OFFERED_LOAD)
         source = "run"
     elif FIDELITY_OUT.exists():
         result, source = json.loads(FIDELITY_OUT.read_text()), str(FIDELITY_OUT)
@@ -144,7 +144,7 @@ def _fidelity(mode: str, seed: int) -> dict[str, object]:
     keep = (
         "fidelity_ttft_p99_error", "fidelity_ttft_p50_error", "fidelity_throughput_error", "weighted_errors",
         "errors", "offline_fidelity", "aggregation", "target", "window_s", "requests", "measured_at",
-        "repeats", "between_repeats",
+        "repeats", "between_repeats", "offered_load", "target_offered_load", "load_scale",
     )  # fmt: skip
     return {"source": source, **{k: result.get(k) for k in keep}}
 

@@ -5,7 +5,8 @@ progress on stderr, the result also written to .cache/bench/sim_fidelity.json, e
 sides to sim_fidelity_requests.json beside it and the mesh workers' step logs under sim_fidelity_steps/
 (bench/fidelity_waits.py reads the three together: what the slowest real requests waited for).
 
-    .venv/bin/python bench/sim_fidelity.py [--quick] [--seed 0] [--sim-only | --resimulate]
+    .venv/bin/python bench/sim_fidelity.py [--quick] [--seed 0] [--offered-load 0.5 | --load-scale S]
+        [--sim-only | --resimulate]
 
 The CPU profile comes from sim/calibrate.py (measured once per machine and cached). The mesh's telemetry
 agents run their simulated GPU with no heating (HANZO_TELEMETRY_SIM_HEATING_C_AT_FULL_LOAD=0): their
@@ -60,6 +61,7 @@ from sim.fidelity import (
     simulate,
     weighted,
 )
+from sim.fidelity_load import plan_for_load
 from sim.fleet import NetworkCosts
 from sim.serving_fit import logs_by_model, serving_calibration
 from sim.sharegpt import Conversation, conversations
@@ -73,6 +75,9 @@ OUT_QUICK = OUT.with_name("sim_fidelity_quick.json")
 TARGET = 0.15
 CALIBRATION_SEED_OFFSET = 1000  # the calibration trace's seed: never the trace the errors are measured on
 CALIBRATION_MAX_S = 180.0  # ~3,000 logged steps a worker: past that a longer calibration adds only drift
+# The trace's default load on this machine: the mesh scale's rates offered 0.35-1.47 of the capacity of
+# the machines the bench has run on, and past ~0.6 the tail is queues and refusals (docs/simulator.md).
+DEFAULT_OFFERED_LOAD = 0.5
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,9 +95,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "(no cache hits across repeats); the real figures pool them, and their spread is reported",
     )  # fmt: skip
     parser.add_argument(
+        "--offered-load", type=float, default=None,
+        help=f"scale every class's session rate until the simulated mesh on this machine's profile is "
+        f"offered this load (default {DEFAULT_OFFERED_LOAD}): the same operating point on any machine",
+    )  # fmt: skip
+    parser.add_argument(
         "--load-scale", type=float, default=None,
-        help="every class's session rate times this (default 1: the mesh scale's rates); the offered "
-        "load moves with it, the mix stays",
+        help="every class's session rate times this instead (1: the mesh scale's rates, whatever load "
+        "they offer this machine); the mix stays",
     )  # fmt: skip
     parser.add_argument(
         "--fit-refits", type=count, default=20,
@@ -121,6 +131,7 @@ def run_fidelity(
     calibration_window_s: float | None = None,
     repeats: int = 1,
     fit_refits: int = 0,
+    target_load: float | None = None,
 ) -> dict[str, object]:
     """The simulated side on the offline calibration, then (unless sim_only) the real mesh: a calibration
     trace of its own seed (calibration_window_s long, default the plan's window up to CALIBRATION_MAX_S;
@@ -128,18 +139,22 @@ def run_fidelity(
     side again on the serving fit, and both fits' errors against the repeats pooled. With repeats > 1,
     each later repeat's error against the first (the real mesh predicting itself). fit_refits: the
     simulated side again on that many refits of the serving fit, each to a bootstrap resample of the
-    calibration's steps, for the range the fit's own uncertainty spans. The result is also written to out
-    (and every request on both sides next to it)."""
+    calibration's steps, for the range the fit's own uncertainty spans. target_load: the plan's rates
+    scaled first to offer this load (sim/fidelity_load.py; None: as the plan has them). The result is also
+    written to out (and every request on both sides next to it)."""
     started = time.perf_counter()
     offline = calibrate()
     profile = cpu_profile(offline, CHAT_MODEL, EMBED_MODEL)
     turns = conversations(CONVERSATIONS)
+    if target_load is not None:
+        plan, _ = plan_for_load(target_load, plan, profile, turns)
     trace = make_trace(plan, turns)
     sim_served, sim = simulate(trace, profile, plan.seed, turns)
     sim_offline = matched_metrics(sim_served, trace.duration_s, repeats)
     result: dict[str, object] = {
         "window_s": trace.duration_s,
         "load_scale": load_scale_of(plan.workload),
+        "target_offered_load": target_load,
         "seed": plan.seed,
         "requests": trace.requests(),
         "trace_totals": {wc.name.lower(): t for wc, t in trace.totals().items()},
@@ -297,38 +312,50 @@ def _fit_spread(
     }
 
 
+def _refusal(args: argparse.Namespace) -> str | None:
+    """Why args cannot be run as given (a count, window or load it cannot serve, or one it would ignore);
+    None when they can."""
+    load_given = args.load_scale is not None or args.offered_load is not None
+    if args.resimulate and (args.repeats != 1 or args.seconds is not None or load_given):
+        return (
+            "--resimulate reuses the last run's trace, load and repeats: "
+            "drop --seconds, --offered-load, --load-scale and --repeats"
+        )
+    if args.repeats < 1:
+        return f"--repeats must be at least 1, got {args.repeats}"
+    if args.seconds is not None and not args.seconds > 0:
+        return f"--seconds must be positive, got {args.seconds}"
+    if args.offered_load is not None and args.load_scale is not None:
+        return "give --offered-load or --load-scale, not both"
+    for flag, value in (("--offered-load", args.offered_load), ("--load-scale", args.load_scale)):
+        if value is not None and not value > 0:
+            return f"{flag} must be positive, got {value}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.resimulate and (args.repeats != 1 or args.seconds is not None or args.load_scale is not None):
-        why = (
-            "--resimulate reuses the last run's trace, load and repeats: "
-            "drop --seconds, --load-scale and --repeats"
-        )
-        print(why, file=sys.stderr)
+    refusal = _refusal(args)
+    if refusal is not None:
+        print(refusal, file=sys.stderr)
         return 2
     if args.resimulate:
         print(json.dumps(resimulate(OUT_QUICK if args.quick else OUT, conversations(CONVERSATIONS))))
         return 0
-    if args.repeats < 1:
-        print(f"--repeats must be at least 1, got {args.repeats}", file=sys.stderr)
-        return 2
     plan = replace(QUICK if args.quick else FULL, seed=args.seed)
     if args.seconds is not None:
-        if not args.seconds > 0:
-            print(f"--seconds must be positive, got {args.seconds}", file=sys.stderr)
-            return 2
         plan = replace(plan, workload=replace(plan.workload, duration_s=args.seconds))
-    if args.load_scale is not None:
-        if not args.load_scale > 0:
-            print(f"--load-scale must be positive, got {args.load_scale}", file=sys.stderr)
-            return 2
+    target_load = args.offered_load if args.offered_load is not None else DEFAULT_OFFERED_LOAD
+    if args.load_scale is not None:  # a rate asked for: the load is whatever it offers this machine
         plan = replace(plan, workload=mesh_workload(plan.workload.duration_s, args.load_scale))
+        target_load = None
     result = run_fidelity(
         plan,
         args.sim_only,
         OUT_QUICK if args.quick else OUT,
         repeats=args.repeats,
         fit_refits=args.fit_refits,
+        target_load=target_load,
     )
     print(json.dumps({**result, "quick": args.quick}))
     return 0

@@ -16,7 +16,10 @@ from bench.sim_fidelity import main
         (["--resimulate", "--repeats", "3"], "--resimulate reuses the last run's trace, load and repeats"),
         (["--resimulate", "--seconds", "600"], "--resimulate reuses the last run's trace, load and repeats"),
         (["--load-scale", "0"], "--load-scale must be positive, got 0.0"),
-        (["--resimulate", "--load-scale", "0.5"], "drop --seconds, --load-scale and --repeats"),
+        (["--resimulate", "--load-scale", "0.5"], "drop --seconds, --offered-load, --load-scale"),
+        (["--resimulate", "--offered-load", "0.5"], "--resimulate reuses the last run's trace, load"),
+        (["--offered-load", "-1"], "--offered-load must be positive, got -1.0"),
+        (["--offered-load", "0.5", "--load-scale", "2"], "give --offered-load or --load-scale, not both"),
     ],
 )
 def test_a_bad_window_or_repeat_count_is_refused_by_name(
