@@ -40,7 +40,8 @@ def plan_for_load(
     load on profile, and the load it is offered: within tolerance of target, or the closest of MAX_TRIES."""
     if not target > 0:
         raise ValueError(f"an offered load must be positive, got {target}")
-    factor, tried = 1.0, []
+    factor = 1.0
+    tried: list[tuple[float, float, float]] = []  # (miss, factor, load), in the order tried
     for _ in range(MAX_TRIES):
         trial = with_rates_scaled(plan, factor)
         _, sim = simulate(make_trace(trial, conversations), profile, plan.seed, conversations)
