@@ -135,7 +135,15 @@ def _served(r: Request, network_s: float, failed: bool = False) -> Served:
     session, turn = r.follow_up  # type: ignore[misc]
     if failed:
         return Served(
-            r.workload, session.index, turn, r.arrival_s, None, None, r.prompt, 0, "RESOURCE_EXHAUSTED"
+            workload=r.workload,
+            session=session.index,
+            turn=turn,
+            arrival_s=r.arrival_s,
+            ttft_s=None,
+            done_s=None,
+            prompt=r.prompt,
+            output=0,
+            status="RESOURCE_EXHAUSTED",
         )
     return Served(
         workload=r.workload,

@@ -29,6 +29,12 @@ def with_rates_scaled(plan: FidelityPlan, factor: float) -> FidelityPlan:
     return replace(plan, workload=replace(plan.workload, **rates))
 
 
+def load_of(plan: FidelityPlan, profile: GpuProfile, conversations: list[Conversation]) -> float:
+    """The offered load plan's trace puts on the simulated mesh with profile's step costs."""
+    _, sim = simulate(make_trace(plan, conversations), profile, plan.seed, conversations)
+    return offered_load(sim)
+
+
 def plan_for_load(
     target: float,
     plan: FidelityPlan,
@@ -43,9 +49,7 @@ def plan_for_load(
     factor = 1.0
     tried: list[tuple[float, float, float]] = []  # (miss, factor, load), in the order tried
     for _ in range(MAX_TRIES):
-        trial = with_rates_scaled(plan, factor)
-        _, sim = simulate(make_trace(trial, conversations), profile, plan.seed, conversations)
-        load = offered_load(sim)
+        load = load_of(with_rates_scaled(plan, factor), profile, conversations)
         tried.append((abs(load / target - 1.0), factor, load))
         if tried[-1][0] <= tolerance or load <= 0:
             break

@@ -13,19 +13,12 @@ from sim.fidelity import (
     load_scale_of,
     make_trace,
     mesh_workload,
-    offered_load,
-    simulate,
 )
-from sim.fidelity_load import plan_for_load, with_rates_scaled
+from sim.fidelity_load import load_of, plan_for_load, with_rates_scaled
 from sim.sharegpt import conversations
 from tests.sim.test_fidelity import PLAN, PROFILE
 
 LONGER = replace(PLAN, workload=replace(PLAN.workload, duration_s=30.0))  # enough sessions to scale smoothly
-
-
-def _load_of(plan: object, turns: list) -> float:
-    _, sim = simulate(make_trace(plan, turns), PROFILE, PLAN.seed, turns)  # type: ignore[arg-type]
-    return offered_load(sim)
 
 
 @pytest.fixture(scope="module")
@@ -34,11 +27,11 @@ def turns() -> list:
 
 
 def test_the_plan_found_is_offered_the_load_asked_for_with_the_same_mix(turns: list) -> None:
-    as_given = _load_of(LONGER, turns)
+    as_given = load_of(LONGER, PROFILE, turns)
     for target in (as_given / 2, as_given * 1.6):
         plan, load = plan_for_load(target, LONGER, PROFILE, turns, tolerance=0.1)
         assert load == pytest.approx(target, rel=0.1)
-        assert _load_of(plan, turns) == pytest.approx(load)  # the load reported is the plan's own
+        assert load_of(plan, PROFILE, turns) == pytest.approx(load)  # the load reported is the plan's own
         factor = plan.workload.chat_rate / LONGER.workload.chat_rate
         for rate in SESSION_RATES:
             assert getattr(plan.workload, rate) == pytest.approx(getattr(LONGER.workload, rate) * factor)
@@ -49,7 +42,9 @@ def test_the_plan_found_is_offered_the_load_asked_for_with_the_same_mix(turns: l
 def test_the_rate_found_is_recorded_exactly_enough_to_rebuild_its_trace(turns: list) -> None:
     """bench/sim_fidelity.py --resimulate rebuilds the trace from the result's load_scale."""
     mesh_scale = FidelityPlan(mesh_workload(60.0), limits=PLAN.limits)
-    plan, _ = plan_for_load(1.7 * _load_of(mesh_scale, turns), mesh_scale, PROFILE, turns, tolerance=0.01)
+    plan, _ = plan_for_load(
+        1.7 * load_of(mesh_scale, PROFILE, turns), mesh_scale, PROFILE, turns, tolerance=0.01
+    )
     rebuilt = replace(plan, workload=mesh_workload(60.0, load_scale_of(plan.workload)))
     assert rebuilt == plan and make_trace(rebuilt, turns) == make_trace(plan, turns)
 
