@@ -40,20 +40,19 @@ from collections import deque
 from collections.abc import Callable
 
 from sim.admission import DONE_TOLERANCE, NO_VICTIM
+from sim.encoder_path import DECODE, IDLE, STEP, EncoderPath
 from sim.prefix_cache import PrefixCache
 from sim.profiles import GpuProfile, ModelCost
 from sim.request import QUEUE_TIMEOUT_S, Request
 from sim.residency import Residency
-from sim.step_budget import StepBudget
 
-IDLE, DECODE, STEP = 0, 1, 2
 _EPS = 1e-9
 _INF = math.inf
 
 Schedule = Callable[[float, "GpuEngine", int], None]
 
 
-class GpuEngine(StepBudget):
+class GpuEngine(EncoderPath):
     """schedule(time, engine, version): asks the event loop to call on_event(time, version) then;
     on_done(request): a request's last token (or its embedding) is out. models: resident at the start;
     host_copies: others the worker can reload from host memory (sim/residency.py). on_refused(request):
@@ -141,31 +140,6 @@ class GpuEngine(StepBudget):
             self._at(now + max(residual, 0.0))
         elif request.priority < 2:
             self._nest(request, now)
-
-    def _embed(self, request: Request, now: float) -> None:
-        """An encoder request: the encoder is an engine of its own on this GPU (no KV kept, no queue behind
-        the decoder's prompts), so it runs at once, after the profile's encoder wait if the GPU is busy,
-        at the profile's share of the compute while the decoder works (encoder_core_share), and whatever
-        the decoder was doing finishes its encode's worth later."""
-        cost = self.costs[request.model]
-        prompt_s = request.prompt * cost.per_prefill_token_s
-        seconds = (cost.base_s + prompt_s) / self.clock
-        self.prefill_compute_s += prompt_s
-        profile = self.profile
-        if self.mode == IDLE:
-            request.first_token_s = now + seconds
-        else:
-            request.first_token_s = now + profile.encoder_wait + seconds / profile.encoder_core_share
-        if self.mode == STEP:
-            self.step_end += seconds
-            self._at(self.step_end, force=True)
-        elif self.mode == DECODE:
-            self.busy_prefill_s += seconds
-            self.t = now + seconds  # decodes resume after it (advance() skips the gap)
-            self._plan_decode(now + seconds)
-        else:
-            self.busy_prefill_s += seconds
-        self._finish(request, request.first_token_s)
 
     def _nest(self, request: Request, now: float) -> None:
         """Layer-level preemption during a prompt step: a latency-class prompt that is next in policy
