@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from bench.fidelity_records import fitted_overhead_s, requests_path, row_of, served_of
+from bench.fidelity_steps import steps_dir
 from sim.calibrate import calibrate
 from sim.cpu_profile import cpu_profile
 from sim.fidelity import (
@@ -14,6 +15,7 @@ from sim.fidelity import (
     EMBED_MODEL,
     FidelityPlan,
     headline,
+    headlines,
     make_trace,
     matched_metrics,
     mesh_workload,
@@ -23,21 +25,29 @@ from sim.fidelity import (
     simulate,
 )
 from sim.fleet import NetworkCosts
-from sim.serving_fit import is_encoder
+from sim.serving_fit import is_encoder, logs_by_model, serving_calibration
 from sim.sharegpt import Conversation
 
 
 def resimulate(last: Path, turns: list[Conversation]) -> dict[str, object]:
     """The simulator's side of the run saved in last (its trace built from turns, as the run built it),
-    again, on that run's serving calibration (its coefficients and request overhead, from its
-    calibration trace) against its real side. Written next to last, which stays as it was."""
+    again, on that run's serving calibration (its step costs and request overhead, fitted by the current
+    rules to its calibration trace's steps and requests where the run kept them, else as it recorded
+    them) against its real side. Written next to last, which stays as it was."""
     run = json.loads(last.read_text())
     offline = calibrate()
     fitted = run["calibration"]
-    serving = json.loads(json.dumps(offline))
-    for model, coefficients in fitted["coefficients"].items():
-        if not is_encoder(serving["models"][model]):  # an encoder keeps its offline fit (serving_calibration)
-            serving["models"][model]["coefficients"] = coefficients
+    logged = steps_dir(last) / "calibration"
+    if any(logged.glob("*.jsonl")):  # refitted by the current rule to that run's calibration steps
+        serving = serving_calibration(offline, logs_by_model(logged))
+        linear = serving_calibration(offline, logs_by_model(logged), slowdown=False)
+    else:
+        serving = json.loads(json.dumps(offline))
+        for model, coefficients in fitted["coefficients"].items():
+            # An encoder keeps its offline fit (serving_calibration).
+            if not is_encoder(serving["models"][model]):
+                serving["models"][model]["coefficients"] = coefficients
+        linear = None
     plan = FidelityPlan(mesh_workload(run["window_s"], run.get("load_scale", 1.0)), seed=run["seed"])
     trace = make_trace(plan, turns)
     profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
@@ -48,12 +58,21 @@ def resimulate(last: Path, turns: list[Conversation]) -> dict[str, object]:
         overhead_s = fitted_overhead_s(served, profile)
     network = NetworkCosts(request_overhead_s=overhead_s)
     sim_served, _ = simulate(trace, profile, plan.seed, turns, network)
-    sim_metrics = matched_metrics(sim_served, trace.duration_s, int(run.get("repeats", 1)))
+    repeats = int(run.get("repeats", 1))
+    sim_metrics = matched_metrics(sim_served, trace.duration_s, repeats)
     errors = relative_errors(run["real"], sim_metrics)
+    without_slowdown = None
+    if linear is not None:
+        linear_profile = cpu_profile(linear, CHAT_MODEL, EMBED_MODEL)
+        linear_served, _ = simulate(trace, linear_profile, plan.seed, turns, network)
+        without_slowdown = headlines(
+            relative_errors(run["real"], matched_metrics(linear_served, trace.duration_s, repeats))
+        )
     result = {
         "resimulated_from": str(last),
         "measured_at": run["measured_at"],
         "request_overhead_s": overhead_s,
+        "host_slowdown_per_request": profile.host_slowdown_per_request,
         "sim": sim_metrics,
         "errors": errors,
         "fidelity_ttft_p99_error": headline(errors, "ttft_p99_s"),
@@ -63,6 +82,7 @@ def resimulate(last: Path, turns: list[Conversation]) -> dict[str, object]:
             "real_per_repeat": run.get("preemptions", {}).get("real_per_repeat"),
             "sim": preemptions_by_class(sim_served),
         },
+        "without_slowdown": without_slowdown,
         "routing": {
             "real_repeats": run.get("routing", {}).get("real_repeats"),
             "sim": routing_shares(sim_served),

@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 
 from sim.fit import TERMS
-from sim.serving_fit import logs_by_model, read_step_log
+from sim.host_contention import in_flight_per_step
+from sim.serving_fit import is_encoder, logs_by_model, read_step_records, sample_of
 
 
 def steps_dir(out: Path) -> Path:
@@ -37,22 +38,29 @@ def cut_logs(directory: Path, since: Mapping[str, int], out: Path) -> Path:
 
 
 def out_of_sample(fitted: Mapping[str, object], directory: Path) -> dict[str, dict[str, float | int]]:
-    """Per model logged under directory: how a calibration record's coefficients predict those steps
-    (steps, median and RMS relative error, and the median of measured / predicted)."""
+    """Per model logged under directory: how a calibration record's coefficients (and its slowdown per
+    request in flight, sim/host_contention.py) predict those steps (steps, median and RMS relative
+    error, and the median of measured / predicted)."""
     models = fitted["models"]
     assert isinstance(models, Mapping)
+    logs = {name: paths for name, paths in logs_by_model(directory).items() if name in models}
+    records = {path: read_step_records(path) for paths in logs.values() for path in paths}
+    decoders = [p for name, paths in logs.items() if not is_encoder(models[name]) for p in paths]
+    in_flight = dict(zip(decoders, in_flight_per_step([records[p] for p in decoders]), strict=True))
     report: dict[str, dict[str, float | int]] = {}
-    for name, paths in logs_by_model(directory).items():
-        samples = [s for p in paths for s in read_step_log(p)]
-        if name not in models or not samples:
+    for name, paths in logs.items():
+        rows = [r for p in paths for r in records[p]]
+        if not rows:
             continue
+        counts = np.array([n for p in paths for n in in_flight.get(p, [0] * len(records[p]))])
         coefficients = models[name]["coefficients"]
         c = np.array([float(coefficients[t]) for t in TERMS])
-        predicted = np.array([s.features() for s in samples]) @ c
-        measured = np.array([s.seconds for s in samples])
+        slowdown = float(models[name].get("host_slowdown_per_request", 0.0))
+        predicted = np.array([sample_of(r).features() for r in rows]) @ c * (1.0 + slowdown * counts)
+        measured = np.array([float(r["seconds"]) for r in rows])
         relative = (predicted - measured) / measured
         report[name] = {
-            "steps": len(samples),
+            "steps": len(rows),
             "median_abs_relative_error": float(np.median(np.abs(relative))),
             "rms_relative_error": float(np.sqrt(np.mean(relative**2))),
             "measured_over_predicted_p50": float(np.median(measured / predicted)),

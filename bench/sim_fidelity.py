@@ -47,6 +47,7 @@ from sim.fidelity import (
     FidelityPlan,
     class_metrics,
     headline,
+    headlines,
     load_scale_of,
     make_trace,
     matched_metrics,
@@ -186,6 +187,10 @@ def run_fidelity(
         )
         calibration_logs = logs_by_model(Path(steps) / "calibration")
         serving = serving_calibration(offline, calibration_logs) if calibration_trace is not None else offline
+        # The same fit without the slowdown per request in flight: what that term changes, on this run.
+        linear = None
+        if serving is not offline:
+            linear = serving_calibration(offline, calibration_logs, slowdown=False)
         refits = [
             serving_calibration(offline, calibration_logs, resample=np.random.default_rng([plan.seed, 30, k]))
             for k in range(fit_refits if calibration_trace is not None else 0)
@@ -214,6 +219,11 @@ def run_fidelity(
     in_run_profile = cpu_profile(in_run, CHAT_MODEL, EMBED_MODEL)
     in_run_served, _ = simulate(trace, in_run_profile, plan.seed, turns, network)
     errors_in_run = relative_errors(real, matched_metrics(in_run_served, trace.duration_s, repeats))
+    errors_linear = None
+    if linear is not None:
+        linear_profile = cpu_profile(linear, CHAT_MODEL, EMBED_MODEL)
+        linear_served, _ = simulate(trace, linear_profile, plan.seed, turns, network)
+        errors_linear = relative_errors(real, matched_metrics(linear_served, trace.duration_s, repeats))
     fit_spread = _fit_spread(real, refits, trace, plan.seed, turns, network, repeats)
     repeats_real = [class_metrics(run, trace.duration_s) for run in real_runs]
     errors_between_repeats = [relative_errors(repeats_real[0], later) for later in repeats_real[1:]]
@@ -227,6 +237,7 @@ def run_fidelity(
             "trace_window_s": window,
             "request_overhead_s": overhead_s,
             "coefficients": {m: serving["models"][m]["coefficients"] for m in (CHAT_MODEL, EMBED_MODEL)},  # type: ignore[index]
+            "host_slowdown_per_request": serving_profile.host_slowdown_per_request,
             "offline_coefficients": {
                 m: offline["models"][m]["coefficients"]
                 for m in (CHAT_MODEL, EMBED_MODEL)  # type: ignore[index]
@@ -250,7 +261,7 @@ def run_fidelity(
         # simulator's model of serving, not the machine's drift since the calibration trace.
         in_run_fit={
             "errors": errors_in_run,
-            **{f"fidelity_{m.removesuffix('_s')}_error": headline(errors_in_run, m) for m in METRICS},
+            **headlines(errors_in_run),
             "coefficients": {m: in_run["models"][m]["coefficients"] for m in (CHAT_MODEL, EMBED_MODEL)},  # type: ignore[index]
         },
         # Sequences preempted (KV dropped, recomputed later), by class: the real engines' counter over
@@ -264,6 +275,13 @@ def run_fidelity(
         routing={
             "real_repeats": [routing_shares(run) for run in real_runs],
             "sim": routing_shares(sim_served),
+        },
+        # The serving fit without the slowdown per request in flight (sim/host_contention.py), as scored.
+        without_slowdown=None
+        if errors_linear is None
+        else {
+            "errors": errors_linear,
+            **headlines(errors_linear),
         },
         fit_spread=fit_spread,
         target=TARGET,

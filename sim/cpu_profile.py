@@ -58,7 +58,9 @@ def cpu_profile(calibration: Mapping[str, object], decoder: str, encoder: str | 
     worker = calibration["worker"]
     fitted = calibration["models"]
     assert isinstance(worker, Mapping) and isinstance(fitted, Mapping)
-    models = {decoder: model_cost(decoder, fitted[decoder], embedding=False)}
+    decoder_record = fitted[decoder]
+    assert isinstance(decoder_record, Mapping)
+    models = {decoder: model_cost(decoder, decoder_record, embedding=False)}
     if encoder is not None:
         models[encoder] = model_cost(encoder, fitted[encoder], embedding=True)
     chat = models[decoder]
@@ -86,6 +88,9 @@ def cpu_profile(calibration: Mapping[str, object], decoder: str, encoder: str | 
         # a preemption point is half a layer of the step running, not of a full-budget one.
         layers=int(worker["num_layers"]),
         itl_min_efficiency=PolicyConfig().itl_min_efficiency,  # the worker's default policy
+        # Fitted with the serving step costs (sim/serving_fit.py); an offline calibration, a process alone,
+        # has none.
+        host_slowdown_per_request=float(decoder_record.get("host_slowdown_per_request", 0.0)),
     )
 
 

@@ -196,7 +196,9 @@ class GpuEngine(EncoderPath):
             self.mode = IDLE
 
     def set_clock(self, now: float, factor: float) -> None:
-        """The thermal model changed the clock: what is in progress speeds up or slows down."""
+        """The clock changed (the thermal model's, or a shared host's share): what is in progress speeds
+        up or slows down. In a decode stretch, a prompt waiting for the running step's end keeps that
+        wake-up, rescaled: replanning the stretch alone would leave it waiting for the stretch's end."""
         if factor == self.clock:
             return
         self.advance(now)
@@ -205,7 +207,10 @@ class GpuEngine(EncoderPath):
             self.step_end = now + (self.step_end - now) * old / factor
             self._at(self.step_end, force=True)
         elif self.mode == DECODE:
+            woken = self.next_event
             self._plan_decode(now)
+            if self.num_waiting or self.prefilling:
+                self._at(now + (woken - now) * old / factor)
 
     def advance(self, now: float) -> None:
         """Bring the counters to now."""

@@ -88,21 +88,30 @@ class Feed:
         gpus = np.flatnonzero(due & ~self.paused)
         return gpus, start_s + ((phase[gpus] - a) % 1.0) * HEARTBEAT_INTERVAL_S
 
-    def send(self, gpus: np.ndarray, when: np.ndarray) -> None:
-        """Heartbeats and samples of gpus at times when (Feed.due). A GPU's first heartbeat, and its first
+    def send(self, gpus: np.ndarray, when: np.ndarray, now: float) -> None:
+        """Heartbeats and samples of gpus at times when (Feed.due), sent at the simulation's time now (the
+        slice's start, which when may lie up to a slice past). A GPU's first heartbeat, and its first
         after its models changed, goes through the placer's protobuf path (apply_node: a full
         NodeReport); the others move only the load, and go to the same snapshot columns in one batch a
-        slice (apply_loads, apply_samples), each with its own phase's time."""
+        slice (apply_loads, apply_samples), each with its own phase's time.
+
+        The engines report as of now, never later: an engine brought to a time past the simulation's
+        would take what happens before it (an arrival, a prompt's end) as happening then, and its decodes
+        would make no progress until the simulation caught up (up to a slice, 0.1 s, at every heartbeat).
+        """
+        engines = self.engines
+        for g in gpus.tolist():
+            engines[g].advance(now)
         full = ~self._registered[gpus]
         if self.moved:
             full |= np.isin(gpus, list(self.moved))
-        for g, now in zip(gpus[full].tolist(), when[full].tolist(), strict=True):
+        for g, stamp in zip(gpus[full].tolist(), when[full].tolist(), strict=True):
             if self._registered[g]:
                 self._templates[g] = self._template(g)
                 self.moved.discard(g)
             self._registered[g] = True
-            self.heartbeat(g, now)
-            self.sample(g, now)
+            self.heartbeat(g, stamp)
+            self.sample(g, stamp)
         known = ~full
         if known.any():
             self._send_batch(gpus[known], when[known])
@@ -110,8 +119,6 @@ class Feed:
     def _send_batch(self, gpus: np.ndarray, when: np.ndarray) -> None:
         engines, row_of, node_ids = self.engines, self.state.snapshot.row_of, self.fleet.node_ids
         beating = [engines[g] for g in gpus.tolist()]
-        for engine, now in zip(beating, when.tolist(), strict=True):
-            engine.advance(now)  # as heartbeat() does, so both paths leave the engines alike
         rows = np.fromiter((row_of[node_ids[g]] for g in gpus.tolist()), np.int64, len(gpus))
         self.state.apply_loads(
             LoadBatch(
@@ -152,8 +159,8 @@ class Feed:
         return np.maximum(np.trunc(np.fromiter(free, float, len(beating))), 0.0)
 
     def heartbeat(self, g: int, now: float) -> None:
+        """g's heartbeat, stamped now, of its engine as it stands (send advanced it)."""
         engine = self.engines[g]
-        engine.advance(now)
         entry = cluster_state_pb2.NodeEntry(deadline_s=now + NODE_TTL_S)
         report = entry.report
         report.CopyFrom(self._templates[g])

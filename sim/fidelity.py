@@ -273,6 +273,11 @@ def headline(errors: Mapping[str, Mapping[str, float | None]], metric: str) -> f
     return max(values) if values else None  # type: ignore[type-var]
 
 
+def headlines(errors: Mapping[str, Mapping[str, float | None]]) -> dict[str, float | None]:
+    """Every metric's headline, keyed as the bench's JSON names them (fidelity_ttft_p50_error, ...)."""
+    return {f"fidelity_{m.removesuffix('_s')}_error": headline(errors, m) for m in METRICS}
+
+
 def weighted(
     errors: Mapping[str, Mapping[str, float | None]], real: Mapping[str, Mapping[str, object]], metric: str
 ) -> float | None:

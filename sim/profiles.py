@@ -95,6 +95,10 @@ class GpuProfile:
     # the decoder's on the same core, which the OS shares between them: at 0.5 an embedding takes twice
     # its encode while the decoder works, and the decoder loses its encode's worth either way.
     encoder_core_share: float = 1.0
+    # Every step of every engine in the simulation slows by this factor per request in flight, for a
+    # mesh whose processes share a host's cores (the CPU mesh: sim/host_contention.py); 0 for GPUs,
+    # whose steps do not run on the cores that stream their tokens.
+    host_slowdown_per_request: float = 0.0
     # The worker's admission rule (scheduler.py, _admit): a prompt is admitted when its KV, plus this
     # many tokens of expected output (or its whole output if shorter), plus the watermark's share of the
     # pool and, for batch, the latency reserve's share, is free; batch also leaves the reserve's share

@@ -20,25 +20,33 @@ from pathlib import Path
 import numpy as np
 
 from sim.fit import TERMS, StepSample, fit_step_costs
+from sim.host_contention import fit_with_slowdown, in_flight_per_step
 from sim.profiles import ModelCost
 
 
-def read_step_log(path: Path) -> list[StepSample]:
-    """One StepSample per line of a step log (lines cut short by a stopping worker are skipped)."""
-    samples = []
+def read_step_records(path: Path) -> list[dict[str, object]]:
+    """The records of a step log, a dict per line (lines cut short by a stopping worker are skipped)."""
+    records = []
     for line in path.read_text().splitlines():
         try:
-            record = json.loads(line)
+            records.append(json.loads(line))
         except json.JSONDecodeError:
             continue
-        samples.append(
-            StepSample(
-                rows=int(record["rows"]), context=int(record["context"]), prefill=int(record["prefill"]),
-                attention=int(record["attention"]), seconds=float(record["seconds"]),
-                batches=int(record["batches"]),
-            )
-        )  # fmt: skip
-    return samples
+    return records
+
+
+def sample_of(record: Mapping[str, object]) -> StepSample:
+    """A step-log record's shape and time."""
+    return StepSample(
+        rows=int(record["rows"]), context=int(record["context"]), prefill=int(record["prefill"]),  # type: ignore[call-overload]
+        attention=int(record["attention"]), seconds=float(record["seconds"]),  # type: ignore[call-overload, arg-type]
+        batches=int(record["batches"]),  # type: ignore[call-overload]
+    )  # fmt: skip
+
+
+def read_step_log(path: Path) -> list[StepSample]:
+    """One StepSample per record of a step log."""
+    return [sample_of(record) for record in read_step_records(path)]
 
 
 def logs_by_model(directory: Path) -> dict[str, list[Path]]:
@@ -61,34 +69,50 @@ def serving_calibration(
     logs: Mapping[str, Iterable[Path]],
     samples_per_term: int = 10,
     resample: np.random.Generator | None = None,
+    slowdown: bool = True,
 ) -> dict[str, object]:
     """offline (sim/calibrate.py's record) with each logged decoder's coefficients and residuals refitted
-    to its serving steps; the rest (sizes, worker configuration) as calibrated. A decoder with fewer than
-    samples_per_term logged steps per fitted term keeps its offline fit, and so does an encoder (both
-    named under "kept_offline"): its logged encodes mix those run alone with those sharing the core with
-    the decoder, which the simulated engine adds itself (GpuProfile.encoder_core_share), so the fit of
-    encodes timed alone is the one to start from.
+    to its serving steps, with the mesh's slowdown per request in flight (sim/host_contention.py;
+    "host_slowdown_per_request" in the model's record, 0 with slowdown False); the rest (sizes, worker
+    configuration) as calibrated. A decoder with fewer than samples_per_term logged steps per fitted term
+    keeps its offline fit, and so does an encoder (both named under "kept_offline"): its logged encodes
+    mix those run alone with those sharing the core with the decoder, which the simulated engine adds
+    itself (GpuProfile.encoder_core_share), so the fit of encodes timed alone is the one to start from.
     ValueError when a logged model is not in offline. resample: fit a bootstrap resample of each model's
     steps instead (as many, drawn with replacement), for the spread of the fit."""
     result = copy.deepcopy(dict(offline))
     models = result["models"]
     assert isinstance(models, dict)
-    refitted, kept = {}, []
-    for name, paths in logs.items():
+    paths_of = {name: list(paths) for name, paths in logs.items()}
+    for name in paths_of:
         if name not in models:
             known = ", ".join(sorted(models))
             raise ValueError(f"step logs for {name!r}, which the calibration does not know ({known})")
-        samples = [s for path in paths for s in read_step_log(path)]
-        if resample is not None and samples:
-            samples = [samples[i] for i in resample.integers(len(samples), size=len(samples))]
+    records = {path: read_step_records(path) for paths in paths_of.values() for path in paths}
+    decoder_paths = [p for name, paths in paths_of.items() if not is_encoder(models[name]) for p in paths]
+    in_flight = dict(zip(decoder_paths, in_flight_per_step([records[p] for p in decoder_paths]), strict=True))
+    refitted, kept = {}, []
+    for name, paths in paths_of.items():
         record = models[name]
-        if is_encoder(record) or len(samples) < samples_per_term * len(TERMS):
+        if is_encoder(record):
             kept.append(name)
             continue
-        fit = fit_step_costs(samples)
-        record.update(fit.summary())
+        steps = [
+            (sample_of(r), n) for path in paths for r, n in zip(records[path], in_flight[path], strict=True)
+        ]
+        if resample is not None and steps:
+            steps = [steps[i] for i in resample.integers(len(steps), size=len(steps))]
+        if len(steps) < samples_per_term * len(TERMS):
+            kept.append(name)
+            continue
+        samples = [s for s, _ in steps]
+        if slowdown:
+            per_request, fit = fit_with_slowdown(samples, [n for _, n in steps])
+        else:
+            per_request, fit = 0.0, fit_step_costs(samples)
+        record.update(fit.summary(), host_slowdown_per_request=per_request)
         record["steps"] = [s.__dict__ for s in samples]
-        refitted[name] = fit.summary()
+        refitted[name] = {**fit.summary(), "host_slowdown_per_request": per_request}
     result["source"] = "serving"
     result["serving_fit"] = {"refitted": refitted, "kept_offline": kept}
     return result

@@ -105,6 +105,10 @@ class Simulation:
             self.weights = {wc.name.lower(): dict(w) for wc, w in weights.by_class.items()}
         self.classes = {wc: ClassResults(slo) for wc, slo in config.slos.items()}
         self.in_flight = 0
+        # The CPU mesh's shared cores (GpuProfile.host_slowdown_per_request), and the requests in flight the
+        # engines' clocks were last set for.
+        self.host_slowdown = profile.host_slowdown_per_request
+        self.clocked_in_flight = 0
         self.not_found = 0  # picks of a node that did not hold the model (the gateway tries another)
         self.exhausted = 0  # picks of a node that could not reload it (no room)
         self.rejected: list[Request] = []  # requests no worker served, in the order they were refused
@@ -132,7 +136,7 @@ class Simulation:
     def _run(self) -> None:
         started = time.perf_counter()
         duration = self.config.workload.duration_s
-        self.feed.send(*self.feed.due(0.0, 1.0))  # every GPU reports once before the first request
+        self.feed.send(*self.feed.due(0.0, 1.0), 0.0)  # every GPU reports once before the first request
         self._push(FEED_SLICE_S, _FEED, None)
         self._push(THERMAL_STEP_S, _THERMAL, None)
         if self.planner is not None:
@@ -140,7 +144,10 @@ class Simulation:
         arrivals: Iterator[Request] = self.workload.arrivals()
         pending = next(arrivals, None)
         events = self._events
+        contended = self.host_slowdown > 0.0
         while True:
+            if contended and self.in_flight != self.clocked_in_flight:
+                self._share_host()  # after the last event, at its time: nothing happened in between
             if pending is not None and (not events or pending.arrival_s <= events[0][0]):
                 self.now = pending.arrival_s
                 self._arrive(pending)
@@ -180,7 +187,7 @@ class Simulation:
     def _beats(self, now: float) -> None:
         """A slice's heartbeats and samples, then the replies of those that carry a directive."""
         gpus, when = self.feed.due(now, now + FEED_SLICE_S)
-        self.feed.send(gpus, when)
+        self.feed.send(gpus, when, now)
         if self.planner is not None:
             self.planner.follow(gpus, when, self.workers)
 
@@ -262,6 +269,19 @@ class Simulation:
         if follow is not None:
             self._push(follow.arrival_s, _ARRIVAL, follow)
 
+    def _host_share(self) -> float:
+        """The share of its speed an engine keeps beside the requests in flight on a shared host (1.0
+        without host contention)."""
+        return 1.0 / (1.0 + self.host_slowdown * self.clocked_in_flight)
+
+    def _share_host(self) -> None:
+        """Every engine's clock for the requests in flight now: its thermal factor times the host share."""
+        self.clocked_in_flight = self.in_flight
+        share = self._host_share()
+        clock = self.thermal.clock
+        for g, engine in enumerate(self.engines):
+            engine.set_clock(self.now, float(clock[g]) * share)
+
     def _thermal_step(self, now: float) -> None:
         engines = self.engines
         for engine in engines:
@@ -271,8 +291,9 @@ class Simulation:
         for engine in engines:
             engine.busy_prefill_s = engine.busy_decode_s = 0.0
         thermal = self.thermal
+        share = self._host_share()
         for g in thermal.step(THERMAL_STEP_S, prefill, decode).tolist():
-            engines[g].set_clock(now, float(thermal.clock[g]))
+            engines[g].set_clock(now, float(thermal.clock[g]) * share)
         if now % TRACE_EVERY_S < THERMAL_STEP_S / 2:
             t = thermal.temperature_c
             self.trace.append((now, *np.percentile(t, [50, 90, 99]).tolist(), float(t.max())))

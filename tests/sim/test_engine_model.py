@@ -302,6 +302,22 @@ def test_with_known_layers_a_prompt_arriving_mid_decode_waits_half_a_layer_of_th
     assert chat.first_token_s == pytest.approx(0.0205 + decode_step / 20 + 0.010 + 0.001 + 100 * 0.0001)
 
 
+def test_a_clock_change_mid_decode_keeps_a_waiting_prompts_wake_up_at_the_new_speed() -> None:
+    """A chat prompt waits half a layer of the running decode step; the clock halves meanwhile (a
+    thermal cut, or a shared host's share): it waits the rest of that at half speed, not for the end of
+    the 400-token stretch the decode is planned as, and its own step runs at half speed."""
+    loop = Loop(replace(PROFILE, layers=10, preempt_granularity_s=1.0))
+    long = request(0.0, prompt=100, output=400, workload=WorkloadClass.BATCH)
+    loop.engine.enqueue(long, 0.0)
+    loop.run_until(0.0205)
+    chat = request(0.0205, prompt=100, output=2)
+    loop.engine.enqueue(chat, 0.0205)
+    loop.engine.set_clock(0.0205, 0.5)
+    loop.run_until(10.0)
+    wait = 0.011 / 20  # half a layer of the 11 ms decode step, at full clock
+    assert chat.first_token_s == pytest.approx(0.0205 + 2 * wait + 2 * (0.010 + 0.001 + 100 * 0.0001))
+
+
 def test_an_encoder_without_a_wait_runs_the_moment_it_arrives() -> None:
     loop = Loop(replace(PROFILE, encoder_wait_s=0.0))
     r = request(0.0, prompt=100, output=50)

@@ -113,9 +113,10 @@ def test_cut_logs_copy_only_what_a_replay_added(tmp_path: Path) -> None:
     steps = read_step_log(cut / "worker-1-chat-model.jsonl")
     assert len(steps) == _write_steps(StepLog(tmp_path / "count.jsonl"), SERVING)
     assert all(s.context != 10 for s in steps)
-    report = out_of_sample({"models": {"chat-model": {"coefficients": SERVING}}}, cut)
+    decoder = {"kv_bytes_per_token": 10}
+    report = out_of_sample({"models": {"chat-model": {"coefficients": SERVING, **decoder}}}, cut)
     assert report["chat-model"]["median_abs_relative_error"] == pytest.approx(0.0, abs=1e-9)
-    report = out_of_sample({"models": {"chat-model": {"coefficients": OFFLINE}}}, cut)
+    report = out_of_sample({"models": {"chat-model": {"coefficients": OFFLINE, **decoder}}}, cut)
     assert report["chat-model"]["measured_over_predicted_p50"] == pytest.approx(2.0, rel=0.25)
 
 
