@@ -19,6 +19,7 @@ from sim.fidelity import (
     make_trace,
     matched_metrics,
     mesh_workload,
+    metrics_on,
     preemptions_by_class,
     relative_errors,
     routing_shares,
@@ -63,10 +64,8 @@ def resimulate(last: Path, turns: list[Conversation]) -> dict[str, object]:
     errors = relative_errors(run["real"], sim_metrics)
     without_slowdown = None
     if linear is not None:
-        linear_profile = cpu_profile(linear, CHAT_MODEL, EMBED_MODEL)
-        linear_served, _ = simulate(trace, linear_profile, plan.seed, turns, network)
         without_slowdown = headlines(
-            relative_errors(run["real"], matched_metrics(linear_served, trace.duration_s, repeats))
+            relative_errors(run["real"], metrics_on(linear, trace, plan.seed, turns, network, repeats))
         )
     result = {
         "resimulated_from": str(last),

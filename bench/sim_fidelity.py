@@ -53,6 +53,7 @@ from sim.fidelity import (
     matched_metrics,
     mesh_workload,
     metric_ranges,
+    metrics_on,
     offered_load,
     outside_range,
     pooled_metrics,
@@ -216,14 +217,10 @@ def run_fidelity(
         sim_served, _ = simulate(trace, serving_profile, plan.seed, turns, network)
     sim_serving = matched_metrics(sim_served, trace.duration_s, repeats)
     errors = relative_errors(real, sim_serving)
-    in_run_profile = cpu_profile(in_run, CHAT_MODEL, EMBED_MODEL)
-    in_run_served, _ = simulate(trace, in_run_profile, plan.seed, turns, network)
-    errors_in_run = relative_errors(real, matched_metrics(in_run_served, trace.duration_s, repeats))
+    errors_in_run = relative_errors(real, metrics_on(in_run, trace, plan.seed, turns, network, repeats))
     errors_linear = None
     if linear is not None:
-        linear_profile = cpu_profile(linear, CHAT_MODEL, EMBED_MODEL)
-        linear_served, _ = simulate(trace, linear_profile, plan.seed, turns, network)
-        errors_linear = relative_errors(real, matched_metrics(linear_served, trace.duration_s, repeats))
+        errors_linear = relative_errors(real, metrics_on(linear, trace, plan.seed, turns, network, repeats))
     fit_spread = _fit_spread(real, refits, trace, plan.seed, turns, network, repeats)
     repeats_real = [class_metrics(run, trace.duration_s) for run in real_runs]
     errors_between_repeats = [relative_errors(repeats_real[0], later) for later in repeats_real[1:]]
@@ -316,10 +313,7 @@ def _fit_spread(
     repeats: the real side's, which each simulated pass is pooled to match (matched_metrics)."""
     if not refits:
         return None
-    runs = []
-    for refit in refits:
-        served, _ = simulate(trace, cpu_profile(refit, CHAT_MODEL, EMBED_MODEL), seed, turns, network)
-        runs.append(matched_metrics(served, trace.duration_s, repeats))
+    runs = [metrics_on(refit, trace, seed, turns, network, repeats) for refit in refits]
     ranges = metric_ranges(runs)
     outside = outside_range(real, ranges)
     return {

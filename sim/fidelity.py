@@ -21,6 +21,7 @@ import numpy as np
 
 from services.common.workload import WorkloadClass
 from sim.config import Models, SimConfig, WorkloadConfig
+from sim.cpu_profile import cpu_profile
 from sim.fleet import Cooling, FleetLayout, NetworkCosts
 from sim.profiles import GpuProfile
 from sim.request import Request
@@ -251,6 +252,22 @@ def matched_metrics(
     three runs' 201, it is the slowest one's), so scoring the pass alone against the pool compares two
     different statistics."""
     return pooled_metrics([served] * repeats, window_s)
+
+
+def metrics_on(
+    calibration: Mapping[str, object],
+    trace: Trace,
+    seed: int,
+    conversations: list[Conversation],
+    network: NetworkCosts,
+    repeats: int,
+) -> dict[str, dict[str, float | int | None]]:
+    """The simulated mesh's figures on a calibration record's CPU profile (sim/calibrate.py's or
+    sim/serving_fit.py's), matched to real ones pooled over `repeats` runs (matched_metrics)."""
+    served, _ = simulate(
+        trace, cpu_profile(calibration, CHAT_MODEL, EMBED_MODEL), seed, conversations, network
+    )
+    return matched_metrics(served, trace.duration_s, repeats)
 
 
 def relative_errors(
