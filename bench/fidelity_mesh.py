@@ -40,6 +40,7 @@ def serve_on_mesh(
     served. Repeat k's prompts are token ids of seed + 100 k: the same lengths and sharing, no prefix
     cached by an earlier repeat."""
     calibration_served: list[Served] = []
+    calibration_started: list[float] = []  # its time 0 on the wall clock, as the step logs' (one at most)
     served: list[list[Served]] = []
     with tempfile.TemporaryDirectory(prefix="sim-fidelity-") as root:
         step_logs = steps / "workers"
@@ -57,8 +58,11 @@ def serve_on_mesh(
                 log(f"calibration: {calibration.requests()} requests over {calibration.duration_s:.0f} s")
                 before = log_sizes(step_logs)
                 calibration_served = asyncio.run(
-                    replay(calibration, up.gateway, up.api_key, Tokens(seed + 2, words))
-                )
+                    replay(
+                        calibration, up.gateway, up.api_key, Tokens(seed + 2, words),
+                        on_start=calibration_started.append,
+                    )
+                )  # fmt: skip
                 cut_logs(step_logs, before, steps / "calibration")
             before = log_sizes(step_logs)
             preempted_before = preemptions(worker_metrics(up))
@@ -80,6 +84,7 @@ def serve_on_mesh(
                 "mesh_ready_s": ready_s,
                 "replay_wall_s": wall,
                 "repeat_started_unix": repeat_started,
+                "calibration_started_unix": calibration_started[0] if calibration_started else None,
                 "models": seen,
                 "cpu_s": cpu,
             }

@@ -1,5 +1,5 @@
 """What a bench/sim_fidelity.py run writes beside its result and reads back: every request on both sides
-as JSON rows (the requests file), and the request overhead fitted to the calibration trace's requests."""
+as JSON rows (the requests file), and the request overhead measured on the calibration trace's requests."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 from services.common.workload import WorkloadClass
 from sim.fidelity import EMBED_MODEL, Served, embeddings_beside_decoders
 from sim.profiles import GpuProfile
-from sim.serving_fit import request_overhead_s
+from sim.request_overhead import logged_overhead_s, modelled_overhead_s
+from sim.serving_fit import logs_by_model, read_step_records
 
 
 def requests_path(result: Path) -> Path:
@@ -28,9 +29,25 @@ def served_of(row: dict[str, object]) -> Served:
     return Served(**{**fields, "workload": WorkloadClass[str(row["workload"]).upper()]})  # type: ignore[arg-type]
 
 
-def fitted_overhead_s(calibration: list[Served], profile: GpuProfile) -> float:
-    """The request overhead fitted to the calibration trace's embeddings (serving_fit.request_overhead_s)."""
+def fitted_overhead_s(
+    calibration: list[Served],
+    profile: GpuProfile,
+    logged: Path | None = None,
+    started_unix: float | None = None,
+) -> tuple[float, str]:
+    """The request overhead on the calibration trace (sim/request_overhead.py) and how it was measured:
+    "logged", against the encodes in the calibration's step logs under logged, where the run kept them
+    and its wall-clock start (started_unix) and enough embeddings line up; else "modelled"."""
+    if logged is not None and started_unix is not None:
+        encodes = [r for path in logs_by_model(logged).get(EMBED_MODEL, []) for r in read_step_records(path)]
+        sent = [
+            (started_unix + s.arrival_s, s.ttft_s, s.prompt)
+            for s in calibration
+            if s.workload == WorkloadClass.EMBEDDING and s.ttft_s is not None
+        ]
+        measured = logged_overhead_s(sent, encodes)
+        if measured is not None:
+            return measured, "logged"
     embeddings = embeddings_beside_decoders(calibration)
-    return request_overhead_s(
-        embeddings, profile.model(EMBED_MODEL), profile.encoder_core_share, profile.encoder_wait
-    )
+    encoder, share = profile.model(EMBED_MODEL), profile.encoder_core_share
+    return modelled_overhead_s(embeddings, encoder, share, profile.encoder_wait), "modelled"

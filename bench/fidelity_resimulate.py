@@ -52,11 +52,12 @@ def resimulate(last: Path, turns: list[Conversation]) -> dict[str, object]:
     plan = FidelityPlan(mesh_workload(run["window_s"], run.get("load_scale", 1.0)), seed=run["seed"])
     trace = make_trace(plan, turns)
     profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
-    overhead_s = fitted["request_overhead_s"]
+    overhead_s, overhead_by = fitted["request_overhead_s"], "as recorded"
     requests = requests_path(last)
     if requests.exists():  # measured again by the current rule on that run's calibration requests
         served = [served_of(row) for row in json.loads(requests.read_text())["calibration_real"]]
-        overhead_s = fitted_overhead_s(served, profile)
+        started = run.get("mesh", {}).get("calibration_started_unix")
+        overhead_s, overhead_by = fitted_overhead_s(served, profile, logged, started)
     network = NetworkCosts(request_overhead_s=overhead_s)
     sim_served, _ = simulate(trace, profile, plan.seed, turns, network)
     repeats = int(run.get("repeats", 1))
@@ -71,6 +72,7 @@ def resimulate(last: Path, turns: list[Conversation]) -> dict[str, object]:
         "resimulated_from": str(last),
         "measured_at": run["measured_at"],
         "request_overhead_s": overhead_s,
+        "request_overhead_measured": overhead_by,
         "host_slowdown_per_request": profile.host_slowdown_per_request,
         "sim": sim_metrics,
         "errors": errors,

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.cpu_profile import HALVED_CORE
+from sim.encoder_fit import encoder_steps
 from sim.fit import TERMS
-from sim.host_contention import in_flight_per_step
+from sim.host_contention import in_flight_at, in_flight_per_step, midpoint
 from sim.serving_fit import is_encoder, logs_by_model, read_step_records, sample_of
 
 
@@ -38,9 +40,10 @@ def cut_logs(directory: Path, since: Mapping[str, int], out: Path) -> Path:
 
 
 def out_of_sample(fitted: Mapping[str, object], directory: Path) -> dict[str, dict[str, float | int]]:
-    """Per model logged under directory: how a calibration record's coefficients (and its slowdown per
-    request in flight, sim/host_contention.py) predict those steps (steps, median and RMS relative
-    error, and the median of measured / predicted)."""
+    """Per model logged under directory: how a calibration record's coefficients (its slowdown per
+    request in flight, sim/host_contention.py, and an encoder's share of the core beside its worker's
+    decoder, sim/encoder_fit.py) predict those steps (steps, median and RMS relative error, and the
+    median of measured / predicted)."""
     models = fitted["models"]
     assert isinstance(models, Mapping)
     logs = {name: paths for name, paths in logs_by_model(directory).items() if name in models}
@@ -52,11 +55,19 @@ def out_of_sample(fitted: Mapping[str, object], directory: Path) -> dict[str, di
         rows = [r for p in paths for r in records[p]]
         if not rows:
             continue
-        counts = np.array([n for p in paths for n in in_flight.get(p, [0] * len(records[p]))])
-        coefficients = models[name]["coefficients"]
-        c = np.array([float(coefficients[t]) for t in TERMS])
-        slowdown = float(models[name].get("host_slowdown_per_request", 0.0))
-        predicted = np.array([sample_of(r).features() for r in rows]) @ c * (1.0 + slowdown * counts)
+        record = models[name]
+        share = np.ones(len(rows))
+        if is_encoder(record):
+            # An encode beside its worker's decoder runs at the fitted share of the core (encoder_fit.py).
+            beside = [s.beside for s in encoder_steps(paths, decoders, records)]
+            share[beside] = float(record.get("encoder_core_share", HALVED_CORE))
+            counts = np.array(in_flight_at([records[p] for p in decoders], [midpoint(r) for r in rows]))
+        else:
+            counts = np.array([n for p in paths for n in in_flight[p]])
+        c = np.array([float(record["coefficients"][t]) for t in TERMS])
+        slowdown = float(record.get("host_slowdown_per_request", 0.0))
+        features = np.array([sample_of(r).features() for r in rows])
+        predicted = features @ c * (1.0 + slowdown * counts) / share
         measured = np.array([float(r["seconds"]) for r in rows])
         relative = (predicted - measured) / measured
         report[name] = {

@@ -211,7 +211,11 @@ def run_fidelity(
     real_served = [s for run in real_runs for s in run]
     errors_offline = relative_errors(real, sim_offline)
     serving_profile = cpu_profile(serving, CHAT_MODEL, EMBED_MODEL)
-    overhead_s = fitted_overhead_s(calibration_served, serving_profile)
+    calibration_unix = meta.get("calibration_started_unix")
+    calibration_started = float(calibration_unix) if calibration_unix is not None else None  # type: ignore[arg-type]
+    overhead_s, overhead_by = fitted_overhead_s(
+        calibration_served, serving_profile, steps_dir(out) / "calibration", calibration_started
+    )
     network = NetworkCosts(request_overhead_s=overhead_s)
     if serving is not offline:
         sim_served, _ = simulate(trace, serving_profile, plan.seed, turns, network)
@@ -233,6 +237,7 @@ def run_fidelity(
             "trace_seed": calibration_plan.seed,
             "trace_window_s": window,
             "request_overhead_s": overhead_s,
+            "request_overhead_measured": overhead_by,
             "coefficients": {m: serving["models"][m]["coefficients"] for m in (CHAT_MODEL, EMBED_MODEL)},  # type: ignore[index]
             "host_slowdown_per_request": serving_profile.host_slowdown_per_request,
             "offline_coefficients": {

@@ -12,7 +12,7 @@ import heapq
 import math
 from collections.abc import Callable
 
-from sim.prefix_cache import PrefixCache
+from sim.prefix_cache import PrefixCache, usable_hit
 from sim.request import Request
 from sim.residency import ModelLifecycle
 
@@ -85,7 +85,7 @@ class Admission(ModelLifecycle):
         cache.make_room(int(self.kv_capacity - self.kv_used))
         if hit:
             self.prefix_hits += 1
-        cached = min(hit, tokens - 1)
+        cached = usable_hit(hit, tokens, profile.block_tokens)
         request.to_prefill = tokens - cached
         self.prefix_tokens_saved += cached
         if request.generated:

@@ -260,6 +260,7 @@ def calibrate(threads: int | None = None, force: bool = False) -> dict[str, obje
             "max_num_seqs": settings.max_num_seqs,
             "max_num_batched_tokens": settings.max_num_batched_tokens,
             "kv_capacity_tokens": worker_layout.num_kv_blocks * worker_layout.block_size,
+            "block_size": worker_layout.block_size,
             "max_model_len": worker_layout.max_model_len,
             "num_layers": model.num_hidden_layers,
         },

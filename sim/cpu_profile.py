@@ -22,6 +22,7 @@ from sim.fit import TERMS
 from sim.profiles import GpuProfile, ModelCost, ThermalProfile
 
 _VRAM_SHARE = 0.9  # GpuEngine leaves 10% for activations: the memory is sized up to cancel it
+HALVED_CORE = 0.5  # an encoder beside a working decoder, where no serving fit measured its share
 
 NEUTRAL_THERMAL = ThermalProfile(
     idle_w=50.0,
@@ -74,16 +75,17 @@ def cpu_profile(calibration: Mapping[str, object], decoder: str, encoder: str | 
         memory_bytes=memory,
         token_budget=budget,
         max_running=int(worker["max_num_seqs"]),
+        # A record from before the calibration noted it has the worker's default, which it measured.
+        block_tokens=int(worker.get("block_size", GpuProfile.block_tokens)),
         preempt_granularity_s=full_step / (2 * int(worker["num_layers"])),
         models=models,
         thermal=NEUTRAL_THERMAL,
         # The worker's encoder is a thread of its own, which the OS runs beside the decoder's at once, not
         # after a layer boundary, on the one core a worker gets: while the decoder works they share it.
-        # Measured in the mesh (a calibration trace, 37 embeddings): an embedding arriving while its
-        # worker served no decoder request took its encode plus the network; one arriving while it did,
-        # a median 2.2x its encode (the GIL's hand-offs on top of the halved core).
+        # The share is fitted with the serving step costs (sim/encoder_fit.py: 0.5-0.55 on the mesh's
+        # logs); an offline calibration, which times encodes alone, takes the halved core.
         encoder_wait_s=0.0,
-        encoder_core_share=0.5,
+        encoder_core_share=_encoder_core_share(fitted, encoder),
         # The engine's steps vary in size (its adaptive budget, decodes between prompts), so the wait for
         # a preemption point is half a layer of the step running, not of a full-budget one.
         layers=int(worker["num_layers"]),
@@ -92,6 +94,12 @@ def cpu_profile(calibration: Mapping[str, object], decoder: str, encoder: str | 
         # has none.
         host_slowdown_per_request=float(decoder_record.get("host_slowdown_per_request", 0.0)),
     )
+
+
+def _encoder_core_share(fitted: Mapping[str, object], encoder: str | None) -> float:
+    record = fitted[encoder] if encoder is not None else {}
+    assert isinstance(record, Mapping)
+    return float(record.get("encoder_core_share", HALVED_CORE))
 
 
 def kv_capacity(profile: GpuProfile, decoder: str) -> int:

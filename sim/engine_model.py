@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 from sim.admission import DONE_TOLERANCE, NO_VICTIM
 from sim.encoder_path import DECODE, IDLE, STEP, EncoderPath
-from sim.prefix_cache import PrefixCache
+from sim.prefix_cache import PrefixCache, usable_hit
 from sim.profiles import GpuProfile, ModelCost
 from sim.request import QUEUE_TIMEOUT_S, Request
 from sim.residency import Residency
@@ -156,8 +156,8 @@ class GpuEngine(EncoderPath):
         if any(r.priority <= request.priority for r, _ in self.step):
             return
         tokens = request.prompt + request.generated
-        cached = self.cache.longest(request.conversation, request.tools)
-        if tokens - min(cached, tokens - 1) > self.profile.token_budget:
+        hit = self.cache.longest(request.conversation, request.tools)
+        if tokens - usable_hit(hit, tokens, self.profile.block_tokens) > self.profile.token_budget:
             return
         if self._admit(len(self.prefilling), displace=False) is not request:  # no free seat or KV: it waits
             return

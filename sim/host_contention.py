@@ -31,26 +31,45 @@ def in_flight_per_step(logs: Sequence[Sequence[Mapping[str, object]]]) -> list[l
     """For each step of each decoder's log (records as step_log.py writes them, in time order), the
     requests in flight in the mesh as it ran: its own engine's running and waiting sequences, plus each
     other log's as of the step of theirs running at this step's midpoint (none where that log was idle)."""
-    spans = [
-        ([float(r["end"]) for r in log], [float(r["end"]) - float(r["seconds"]) for r in log])  # type: ignore[arg-type]
-        for log in logs
-    ]
+    spans = [_spans(log) for log in logs]
     counts = []
     for i, log in enumerate(logs):
         own = []
         for record in log:
-            n = int(record["running"]) + int(record["waiting"])  # type: ignore[call-overload]
-            middle = float(record["end"]) - float(record["seconds"]) / 2  # type: ignore[arg-type]
-            for j, other in enumerate(logs):
-                if j == i:
-                    continue
-                ends, starts = spans[j]
-                k = bisect.bisect_left(ends, middle)
-                if k < len(other) and starts[k] <= middle:
-                    n += int(other[k]["running"]) + int(other[k]["waiting"])  # type: ignore[call-overload]
-            own.append(n)
+            middle = midpoint(record)
+            others = sum(_queued_at(other, spans[j], middle) for j, other in enumerate(logs) if j != i)
+            own.append(_queued(record) + others)
         counts.append(own)
     return counts
+
+
+def in_flight_at(logs: Sequence[Sequence[Mapping[str, object]]], moments: Sequence[float]) -> list[int]:
+    """The requests in flight in the mesh at each of moments (wall-clock seconds), by every decoder's
+    log as in_flight_per_step counts the other workers: the queues of the step each log was running then."""
+    spans = [_spans(log) for log in logs]
+    return [sum(_queued_at(log, span, t) for log, span in zip(logs, spans, strict=True)) for t in moments]
+
+
+def midpoint(record: Mapping[str, object]) -> float:
+    """The wall-clock middle of a logged step."""
+    return float(record["end"]) - float(record["seconds"]) / 2  # type: ignore[arg-type]
+
+
+def _spans(log: Sequence[Mapping[str, object]]) -> tuple[list[float], list[float]]:
+    """(ends, starts) of a log's steps, in its order."""
+    ends = [float(r["end"]) for r in log]  # type: ignore[arg-type]
+    return ends, [end - float(r["seconds"]) for end, r in zip(ends, log, strict=True)]  # type: ignore[arg-type]
+
+
+def _queued(record: Mapping[str, object]) -> int:
+    return int(record["running"]) + int(record["waiting"])  # type: ignore[call-overload]
+
+
+def _queued_at(log: Sequence[Mapping[str, object]], spans: tuple[list[float], list[float]], t: float) -> int:
+    """The queues of log's step running at t; 0 when none was."""
+    ends, starts = spans
+    k = bisect.bisect_left(ends, t)
+    return _queued(log[k]) if k < len(log) and starts[k] <= t else 0
 
 
 def fit_with_slowdown(samples: Sequence[StepSample], in_flight: Sequence[int]) -> tuple[float, Fit]:

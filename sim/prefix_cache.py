@@ -37,3 +37,12 @@ class PrefixCache:
         while self._held and self.tokens > room:
             _, tokens = self._held.popitem(last=False)
             self.tokens -= tokens
+
+
+def usable_hit(hit: int, tokens: int, block: int) -> int:
+    """Of a prompt of tokens whose prefix the cache holds hit tokens of, the tokens the engine skips:
+    whole KV blocks of block tokens only, within the first tokens - 1 (the last one is computed for its
+    logits), as the worker's block manager attaches them (BlockManager.admit). A partly filled block is
+    never registered, so a conversation's next turn recomputes its history's last partial block."""
+    usable = min(hit, tokens - 1)
+    return usable - usable % block

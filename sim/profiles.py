@@ -104,6 +104,9 @@ class GpuProfile:
     # pool and, for batch, the latency reserve's share, is free; batch also leaves the reserve's share
     # of the seats. KV then grows a token per decode, and when it runs out the lowest-ranked sequence
     # is preempted (recomputed later).
+    # KV block size: a prefix hit counts whole blocks only (prefix_cache.usable_hit). 16 is the worker's
+    # default (services/worker/engine/config.py) and vLLM's.
+    block_tokens: int = 16
     expected_output_tokens: int = _POLICY.expected_output_tokens
     latency_reserve: float = _POLICY.latency_reserve
     kv_watermark: float = SchedulerConfig.watermark

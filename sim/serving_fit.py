@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.cpu_profile import HALVED_CORE
+from sim.encoder_fit import ENCODER_TERMS, encoder_steps, fit_encoder
 from sim.fit import TERMS, StepSample, fit_step_costs
 from sim.host_contention import fit_with_slowdown, in_flight_per_step
-from sim.profiles import ModelCost
 
 
 def read_step_records(path: Path) -> list[dict[str, object]]:
@@ -75,9 +76,10 @@ def serving_calibration(
     to its serving steps, with the mesh's slowdown per request in flight (sim/host_contention.py;
     "host_slowdown_per_request" in the model's record, 0 with slowdown False); the rest (sizes, worker
     configuration) as calibrated. A decoder with fewer than samples_per_term logged steps per fitted term
-    keeps its offline fit, and so does an encoder (both named under "kept_offline"): its logged encodes
-    mix those run alone with those sharing the core with the decoder, which the simulated engine adds
-    itself (GpuProfile.encoder_core_share), so the fit of encodes timed alone is the one to start from.
+    keeps its offline fit (named under "kept_offline"). An encoder is refitted with its share of the core
+    beside its worker's decoder ("encoder_core_share" in its record, sim/encoder_fit.py), its steps
+    slowed by the decoders' slowdown per request in flight; it keeps its offline fit with fewer than
+    samples_per_term steps per fitted term, or too few of both kinds (encoder_fit.fit_encoder).
     ValueError when a logged model is not in offline. resample: fit a bootstrap resample of each model's
     steps instead (as many, drawn with replacement), for the spread of the fit."""
     result = copy.deepcopy(dict(offline))
@@ -92,10 +94,17 @@ def serving_calibration(
     decoder_paths = [p for name, paths in paths_of.items() if not is_encoder(models[name]) for p in paths]
     in_flight = dict(zip(decoder_paths, in_flight_per_step([records[p] for p in decoder_paths]), strict=True))
     refitted, kept = {}, []
-    for name, paths in paths_of.items():
+    # Decoders first: an encoder's steps are fitted under the slowdown the decoders' show.
+    for name, paths in sorted(paths_of.items(), key=lambda item: is_encoder(models[item[0]])):
         record = models[name]
         if is_encoder(record):
-            kept.append(name)
+            slowed = max((float(r["host_slowdown_per_request"]) for r in refitted.values()), default=0.0)
+            encoded = _refit_encoder(paths, decoder_paths, records, samples_per_term, resample, slowed)
+            if encoded is None:
+                kept.append(name)
+                continue
+            record.update(encoded)
+            refitted[name] = {k: v for k, v in encoded.items() if k != "steps"}
             continue
         steps = [
             (sample_of(r), n) for path in paths for r, n in zip(records[path], in_flight[path], strict=True)
@@ -118,23 +127,26 @@ def serving_calibration(
     return result
 
 
-def request_overhead_s(
-    embeddings: Iterable[tuple[int, float, bool]], encoder: ModelCost, core_share: float, wait_s: float = 0.0
-) -> float:
-    """The serving stack's fixed cost per request (the gateway, its placer call, the worker's RPC and
-    tokenizing), from embeddings as a caller saw them ((input tokens, seconds from send to answer,
-    whether a decoder worked beside it) each: fidelity.embeddings_beside_decoders): the median of each
-    one's time less its encode as the simulated engine charges it (the fitted costs, over core_share and
-    after wait_s beside a working decoder), so that the simulation reproduces the median of the trace it
-    is fitted on. 0 without embeddings; never below 0.
-
-    Every embedding counts, not only those beside an idle decoder (the rule until fidelity run 16): a
-    trace at half load leaves 4 or 5 of its 37 such. Neither rule was steadier over run 16's five
-    calibration traces (13-23 ms by that one, 11-28 ms by this; docs/simulator.md): the calibration
-    trace's own embedding times move that much between runs."""
-    rest = [
-        seconds - (wait_s + encode / core_share if beside else encode)
-        for tokens, seconds, beside in embeddings
-        for encode in (encoder.base_s + tokens * encoder.per_prefill_token_s,)
-    ]
-    return max(0.0, float(np.median(rest))) if rest else 0.0
+def _refit_encoder(
+    paths: list[Path],
+    decoder_paths: list[Path],
+    records: Mapping[Path, list[dict[str, object]]],
+    samples_per_term: int,
+    resample: np.random.Generator | None,
+    slowdown: float,
+) -> dict[str, object] | None:
+    """An encoder's record update from its serving steps (sim/encoder_fit.py), None to keep the offline
+    fit. Its core share stays out of the record when too few steps ran beside the decoder to tell it."""
+    steps = encoder_steps(paths, decoder_paths, records)
+    if resample is not None and steps:
+        steps = [steps[i] for i in resample.integers(len(steps), size=len(steps))]
+    if len(steps) < samples_per_term * len(ENCODER_TERMS):
+        return None
+    fitted = fit_encoder(steps, slowdown, HALVED_CORE)
+    if fitted is None:
+        return None
+    update: dict[str, object] = {**fitted.fit.summary(), "host_slowdown_per_request": slowdown}
+    if fitted.core_share is not None:
+        update["encoder_core_share"] = fitted.core_share
+    update["steps"] = [s.sample.__dict__ for s in steps]
+    return update

@@ -12,6 +12,7 @@ import pytest
 
 from services.common.workload import WorkloadClass
 from sim.engine_model import GpuEngine
+from sim.prefix_cache import usable_hit
 from sim.profiles import GpuProfile, ModelCost
 from sim.request import Request
 
@@ -142,11 +143,15 @@ def test_a_chat_prompt_finding_every_seat_taken_displaces_the_latest_batch_admis
     first_free = min(r.done_s for r in running[:-1])
     assert chat.done_s < first_free  # it did not wait for a seat
     # The victim went back to the head of the batch queue: it is admitted again before the late one, its
-    # first token time is kept, and its recompute hit its own blocks, still cached: only the last token
-    # it streamed (never written to KV) is computed again.
+    # first token time is kept, and its recompute hit its own blocks, still cached: only what lies past
+    # its last whole block is computed again (a partly filled block is never cached, and the last token
+    # it streamed was never written to KV).
     assert victim.admit_no < late_batch.admit_no
     assert victim.first_token_s < 0.5 and victim.done_s > 0 and victim.generated == victim.output
-    assert loop.engine.recomputed_tokens == 1 and victim.cached == 0  # cached: its prompt's, at first
+    tokens = 10 + streamed
+    assert loop.engine.recomputed_tokens == tokens - usable_hit(tokens - 1, tokens, PROFILE.block_tokens)
+    assert 1 <= loop.engine.recomputed_tokens <= PROFILE.block_tokens
+    assert victim.cached == 0  # cached: its prompt's, at first
     assert loop.engine.kv_used == pytest.approx(0.0) and loop.engine.kv_prompts == 0
 
 
@@ -175,8 +180,28 @@ def test_a_follow_up_turn_on_the_same_gpu_computes_only_its_new_tokens() -> None
     second = request(20.0, prompt=1200, output=2, conversation=7)  # the history (1,100) and 100 new
     loop.engine.enqueue(second, 20.0)
     loop.run_until(30.0)
-    assert second.cached == 1100 and loop.engine.prefix_hits == 1
-    assert second.first_token_s - 20.0 == pytest.approx(0.010 + 100 * 0.0001)
+    # Whole 16-token blocks of the history only: 68 of them; its last 12 tokens sat in a partial block,
+    # which the worker never registers, so they are computed again with the 100 new ones.
+    assert second.cached == 1088 and loop.engine.prefix_hits == 1
+    assert second.first_token_s - 20.0 == pytest.approx(0.010 + 112 * 0.0001)
+
+
+@pytest.mark.parametrize(
+    ("hit", "tokens", "block", "usable"),
+    [
+        (1100, 1200, 16, 1088),  # the history's whole blocks
+        (1100, 1200, 1, 1100),  # token-granular
+        (320, 320, 16, 304),  # the whole prompt held: its last token (and so its last block) computed
+        (320, 321, 16, 320),
+        (0, 50, 16, 0),
+        (15, 50, 16, 0),  # less than a block
+    ],
+)
+def test_a_prefix_hit_counts_whole_blocks_short_of_the_prompts_last_token(
+    hit: int, tokens: int, block: int, usable: int
+) -> None:
+    """BlockManager.admit's rule: blocks entirely within the first tokens - 1."""
+    assert usable_hit(hit, tokens, block) == usable
 
 
 _WEIGHTS = DECODER.weight_bytes + ENCODER.weight_bytes

@@ -13,7 +13,8 @@ from services.worker.engine.step_log import StepLog, StepShape
 from sim.fit import TERMS
 from sim.fleet import NetworkCosts
 from sim.profiles import ModelCost
-from sim.serving_fit import logs_by_model, read_step_log, request_overhead_s, serving_calibration
+from sim.request_overhead import modelled_overhead_s
+from sim.serving_fit import logs_by_model, read_step_log, serving_calibration
 
 SERVING = dict(zip(TERMS, (0.06, 0.002, 8e-6, 2.5e-3, 2e-6), strict=True))  # about twice an offline fit
 OFFLINE = dict(zip(TERMS, (0.03, 0.001, 4e-6, 1.2e-3, 1e-6), strict=True))
@@ -64,16 +65,6 @@ def test_serving_steps_refit_the_decoder_and_keep_the_rest(tmp_path: Path) -> No
     assert fitted["source"] == "serving" and fitted["serving_fit"]["kept_offline"] == []  # type: ignore[index]
 
 
-def test_an_encoder_keeps_its_offline_fit_its_encodes_timed_alone(tmp_path: Path) -> None:
-    log = StepLog(tmp_path / "worker-41-minilm.jsonl")
-    for tokens in (8, 32, 64, 128, 254) * 5:  # twice the offline cost, as beside a working decoder
-        log.write_step(StepShape(1, 0, 0, tokens, 0), 2 * (ENCODER["base_s"] + tokens * 3e-4))
-    log.close()
-    fitted = serving_calibration(_calibration(), logs_by_model(tmp_path), samples_per_term=2)
-    assert fitted["models"]["minilm"]["coefficients"] == ENCODER  # type: ignore[index]
-    assert fitted["serving_fit"]["kept_offline"] == ["minilm"]  # type: ignore[index]
-
-
 def test_too_few_steps_keep_the_offline_fit(tmp_path: Path) -> None:
     log = StepLog(tmp_path / "worker-41-chat-model.jsonl")
     written = _write_steps(log, SERVING)
@@ -120,18 +111,19 @@ def test_cut_logs_copy_only_what_a_replay_added(tmp_path: Path) -> None:
     assert report["chat-model"]["measured_over_predicted_p50"] == pytest.approx(2.0, rel=0.25)
 
 
-def test_the_request_overhead_is_what_embeddings_took_beyond_their_encode() -> None:
+def test_the_modelled_overhead_is_what_embeddings_took_beyond_their_encode_as_charged() -> None:
     encoder = ModelCost("minilm", 0.005, 0.0, 0.0, 2e-4, 0.0, 1, 0, 0.1, 0.1, embedding=True)
     # encodes of 5 + 0.2 x tokens ms, seen by the caller 8 ms later (one outlier waited behind others);
     # beside a working decoder at half the core, after a 1 ms wait: twice the encode, then the 8 ms
     alone = [(tokens, 0.005 + 2e-4 * tokens + 0.008, False) for tokens in (10, 40, 90)]
     beside = [(tokens, 0.001 + 2 * (0.005 + 2e-4 * tokens) + 0.008, True) for tokens in (20, 200)]
     seen = [*alone, *beside, (50, 0.5, True)]
-    assert request_overhead_s(seen, encoder, core_share=0.5, wait_s=0.001) == pytest.approx(0.008)
+    assert modelled_overhead_s(seen, encoder, core_share=0.5, wait_s=0.001) == pytest.approx(0.008)
     # Charged as if alone, the shared encodes would count their second half as overhead.
-    assert request_overhead_s(seen, encoder, core_share=1.0) > 0.008
-    assert request_overhead_s([], encoder, 0.5) == 0.0
-    assert request_overhead_s([(100, 0.001, False)], encoder, 0.5) == 0.0  # faster than the fit: not negative
+    assert modelled_overhead_s(seen, encoder, core_share=1.0) > 0.008
+    assert modelled_overhead_s([], encoder, 0.5) == 0.0
+    # Faster than the fit: not negative.
+    assert modelled_overhead_s([(100, 0.001, False)], encoder, 0.5) == 0.0
     network = NetworkCosts(request_overhead_s=0.008)
     assert network.round_trip_s(True) == pytest.approx(NetworkCosts().round_trip_s(True) + 0.008)
     assert network.round_trip_s(False) == pytest.approx(NetworkCosts().round_trip_s(False) + 0.008)
