@@ -82,8 +82,8 @@ def cpu_profile(calibration: Mapping[str, object], decoder: str, encoder: str | 
         thermal=NEUTRAL_THERMAL,
         # The worker's encoder is a thread of its own, which the OS runs beside the decoder's at once, not
         # after a layer boundary, on the one core a worker gets: while the decoder works they share it.
-        # The share is fitted with the serving step costs (sim/encoder_fit.py: 0.5-0.55 on the mesh's
-        # logs); an offline calibration, which times encodes alone, takes the halved core.
+        # The share is fitted with the serving step costs (sim/encoder_fit.py: 0.38-0.61 over fidelity
+        # runs 23-26's traces); an offline calibration, which times encodes alone, takes the halved core.
         encoder_wait_s=0.0,
         encoder_core_share=_encoder_core_share(fitted, encoder),
         # The engine's steps vary in size (its adaptive budget, decodes between prompts), so the wait for

@@ -5,7 +5,8 @@ On the CPU mesh a worker's encoder is a thread beside its decoder's, on the one 
 The offline calibration (sim/calibrate.py) times encodes in a process alone; in the mesh an encode that
 runs while the decoder idles costs more than that (fidelity run 23's two traces: a fixed 4.5 ms and
 93-98 us a token against 2.4 ms and 85 us offline: the serving thread's own hand-offs), and one that runs
-while the decoder steps costs about twice as much again (the core halved, the GIL's hand-offs on top). The
+while the decoder steps costs about twice as much again (the core halved, the GIL's hand-offs on top;
+the share fitted on a trace ranged 0.38-0.61 over runs 23-26). The
 simulated engine charges an encode its cost, over GpuProfile.encoder_core_share while the decoder works
 (sim/encoder_path.py), and the mesh's slowdown per request in flight on top (sim/host_contention.py). So
 the encoder's logged steps are fitted to exactly that: each step is "beside" when the same worker's

@@ -5,8 +5,9 @@ encode, and nothing else of the request's path waits on the engine.
 
 Two ways, the first where the run kept what it needs:
 - logged_overhead_s: each embedding's time less the encode its worker logged for it (the encoder's
-  step log: the step of its token count within its wait). This measures the cost itself; it held at
-  4.0-4.8 ms on fidelity run 23's two traces, idle decoders or working ones alike.
+  step log: the step of its token count within its wait). This measures the cost itself: 4.0-4.8 ms
+  on fidelity run 23's two traces, idle decoders or working ones alike, and 4.7-5.5 ms over the
+  calibration traces of runs 23-26.
 - modelled_overhead_s: each embedding's time less its encode as the simulated engine charges it. This
   reproduces the calibration trace's median, but takes in whatever the encode model misses: 11-28 ms
   over run 16's five calibration traces, when the encoder kept its offline fit (about half what a
