@@ -229,7 +229,9 @@ async def test_telemetry_steers_realtime_away_from_a_throttled_gpu(redis_server:
 
 
 async def test_demand_makes_the_planner_ask_for_a_replica(redis_server: RedisServer) -> None:
-    async with running_placer(redis_server.url, replica_capacity_rps=5.0) as app:
+    # The two nodes beat only between polls of ten picks: at BEAT_S they would expire after 0.6 s, which
+    # a slow machine's poll can outlast (CI once saw every pick refused as no node was healthy).
+    async with running_placer(redis_server.url, replica_capacity_rps=5.0, heartbeat_interval_s=2.0) as app:
         channel, stub = placer_stub(app.address)
         async with channel:
             await stub.Heartbeat(node_report("has-it", models=("llama-tiny",)))
