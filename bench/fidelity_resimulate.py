@@ -26,7 +26,7 @@ from sim.fidelity import (
     simulate,
 )
 from sim.fleet import NetworkCosts
-from sim.serving_fit import is_encoder, logs_by_model, serving_calibration
+from sim.serving_fit import logs_by_model, serving_calibration
 from sim.sharegpt import Conversation
 
 
@@ -43,11 +43,14 @@ def resimulate(last: Path, turns: list[Conversation]) -> dict[str, object]:
         serving = serving_calibration(offline, logs_by_model(logged))
         linear = serving_calibration(offline, logs_by_model(logged), slowdown=False)
     else:
+        # As the run recorded its fit (runs before the encoder's serving fit recorded its offline one).
         serving = json.loads(json.dumps(offline))
         for model, coefficients in fitted["coefficients"].items():
-            # An encoder keeps its offline fit (serving_calibration).
-            if not is_encoder(serving["models"][model]):
-                serving["models"][model]["coefficients"] = coefficients
+            serving["models"][model]["coefficients"] = coefficients
+        if "host_slowdown_per_request" in fitted:
+            serving["models"][CHAT_MODEL]["host_slowdown_per_request"] = fitted["host_slowdown_per_request"]
+        if "encoder_core_share" in fitted:
+            serving["models"][EMBED_MODEL]["encoder_core_share"] = fitted["encoder_core_share"]
         linear = None
     plan = FidelityPlan(mesh_workload(run["window_s"], run.get("load_scale", 1.0)), seed=run["seed"])
     trace = make_trace(plan, turns)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.cpu_profile import HALVED_CORE
+from sim.cpu_profile import encoder_core_share
 from sim.encoder_fit import encoder_steps
 from sim.fit import TERMS
 from sim.host_contention import in_flight_at, in_flight_per_step, midpoint
@@ -60,7 +60,7 @@ def out_of_sample(fitted: Mapping[str, object], directory: Path) -> dict[str, di
         if is_encoder(record):
             # An encode beside its worker's decoder runs at the fitted share of the core (encoder_fit.py).
             beside = [s.beside for s in encoder_steps(paths, decoders, records)]
-            share[beside] = float(record.get("encoder_core_share", HALVED_CORE))
+            share[beside] = encoder_core_share(record)
             counts = np.array(in_flight_at([records[p] for p in decoders], [midpoint(r) for r in rows]))
         else:
             counts = np.array([n for p in paths for n in in_flight[p]])

@@ -240,6 +240,7 @@ def run_fidelity(
             "request_overhead_measured": overhead_by,
             "coefficients": {m: serving["models"][m]["coefficients"] for m in (CHAT_MODEL, EMBED_MODEL)},  # type: ignore[index]
             "host_slowdown_per_request": serving_profile.host_slowdown_per_request,
+            "encoder_core_share": serving_profile.encoder_core_share,
             "offline_coefficients": {
                 m: offline["models"][m]["coefficients"]
                 for m in (CHAT_MODEL, EMBED_MODEL)  # type: ignore[index]

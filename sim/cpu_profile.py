@@ -85,7 +85,7 @@ def cpu_profile(calibration: Mapping[str, object], decoder: str, encoder: str | 
         # The share is fitted with the serving step costs (sim/encoder_fit.py: 0.38-0.61 over fidelity
         # runs 23-26's traces); an offline calibration, which times encodes alone, takes the halved core.
         encoder_wait_s=0.0,
-        encoder_core_share=_encoder_core_share(fitted, encoder),
+        encoder_core_share=encoder_core_share(fitted[encoder]) if encoder is not None else HALVED_CORE,
         # The engine's steps vary in size (its adaptive budget, decodes between prompts), so the wait for
         # a preemption point is half a layer of the step running, not of a full-budget one.
         layers=int(worker["num_layers"]),
@@ -96,8 +96,9 @@ def cpu_profile(calibration: Mapping[str, object], decoder: str, encoder: str | 
     )
 
 
-def _encoder_core_share(fitted: Mapping[str, object], encoder: str | None) -> float:
-    record = fitted[encoder] if encoder is not None else {}
+def encoder_core_share(record: object) -> float:
+    """An encoder's calibration record's share of the core beside a working decoder: the serving fit's
+    where it measured one (sim/encoder_fit.py), else the halved core."""
     assert isinstance(record, Mapping)
     return float(record.get("encoder_core_share", HALVED_CORE))
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.cpu_profile import HALVED_CORE
 from sim.fit import Fit, StepSample, fit_step_costs
 from sim.host_contention import in_flight_at, midpoint
 
@@ -101,7 +102,7 @@ def decoder_busy_share(
 
 
 def fit_encoder(
-    steps: Sequence[EncoderStep], slowdown: float = 0.0, assumed_share: float = 0.5
+    steps: Sequence[EncoderStep], slowdown: float = 0.0, assumed_share: float = HALVED_CORE
 ) -> EncoderFit | None:
     """The encoder's costs and core share (module docstring), each step's seconds first divided by the
     mesh's slowdown for its requests in flight (1 + slowdown x in_flight). With fewer than

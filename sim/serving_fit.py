@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.cpu_profile import HALVED_CORE
 from sim.encoder_fit import ENCODER_TERMS, encoder_steps, fit_encoder
 from sim.fit import TERMS, StepSample, fit_step_costs
 from sim.host_contention import fit_with_slowdown, in_flight_per_step
@@ -142,7 +141,7 @@ def _refit_encoder(
         steps = [steps[i] for i in resample.integers(len(steps), size=len(steps))]
     if len(steps) < samples_per_term * len(ENCODER_TERMS):
         return None
-    fitted = fit_encoder(steps, slowdown, HALVED_CORE)
+    fitted = fit_encoder(steps, slowdown)
     if fitted is None:
         return None
     update: dict[str, object] = {**fitted.fit.summary(), "host_slowdown_per_request": slowdown}
