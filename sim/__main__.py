@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--policies", default=",".join(POLICIES),
         help=f"comma-separated, of: {', '.join(POLICIES)} (the default), and the experiment "
-        f"{', '.join(EXPERIMENTS)} (sim/latency_reserve.py)",
+        f"{', '.join(EXPERIMENTS)} (sim/latency_reserve.py; ours without its prefix cost rule)",
     )  # fmt: skip
     parser.add_argument("--hosts", type=positive(int), default=125, help="8-GPU hosts (125: 1,000 GPUs)")
     parser.add_argument("--gpus-per-host", type=positive(int), default=8)

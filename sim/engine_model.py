@@ -229,6 +229,12 @@ class GpuEngine(EncoderPath):
             self.busy_prefill_s += elapsed
         self.t = now
 
+    def latency_prompt_tokens(self) -> int:
+        """Prompt tokens of the latency classes not yet computed, queued (whole, as the worker counts a
+        queued sequence) or admitted: the heartbeat's figure (Scheduler.latency_prompt_tokens)."""
+        queued = sum(r.prompt + r.generated for p in (0, 1) for r in self.waiting[p])
+        return queued + sum(r.to_prefill for r in self.prefilling if r.priority < 2)
+
     def kv_usage(self) -> float:
         return min(self.kv_used / self.kv_capacity, 1.0) if self.kv_capacity else 1.0
 

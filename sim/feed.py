@@ -129,6 +129,9 @@ class Feed:
                 max_running=self.profile.max_running,
                 batch_running=np.fromiter((e.batch_running for e in beating), float, len(beating)),
                 batch_waiting=np.fromiter((len(e.waiting[2]) for e in beating), float, len(beating)),
+                latency_prompt_tokens=np.fromiter(
+                    (e.latency_prompt_tokens() for e in beating), float, len(beating)
+                ),
                 kv_usage=np.fromiter((e.kv_usage() for e in beating), float, len(beating)),
                 memory_free_bytes=self._memory_free(beating),
             )
@@ -171,6 +174,7 @@ class Feed:
         load.kv_usage = engine.kv_usage()
         load.batch_running = engine.batch_running
         load.batch_waiting = len(engine.waiting[2])
+        load.latency_prompt_tokens = engine.latency_prompt_tokens()
         self.state.apply_node(entry)
 
     def sample(self, g: int, now: float) -> None:

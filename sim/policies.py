@@ -23,6 +23,7 @@ from services.placer.pick import filters, scorers
 from services.placer.pick.framework import TIE_TOLERANCE, Picker
 from services.placer.pick.memo import PrefixMemo, TieBreak
 from services.placer.pick.native_rows import NativeRows
+from services.placer.pick.prefix_cost import PREFIX_COST_CLASSES
 from services.placer.pick.query import PickContext, PickQuery
 from services.placer.pick.scorers import RequestScorer
 from services.placer.pick.table import RowTable
@@ -71,7 +72,7 @@ def _uniform(weights: dict[str, float]) -> ClassWeights:
     return ClassWeights(MappingProxyType({wc: MappingProxyType(dict(weights)) for wc in WorkloadClass}))
 
 
-def _picker_policy(picker: Picker) -> Policy:
+def picker_policy(picker: Picker) -> Policy:
     def choose(state: ClusterState, query: PickQuery) -> str | None:
         result = picker.pick(state.snapshot, query)
         return None if result is None else result.node_id
@@ -82,8 +83,15 @@ def _picker_policy(picker: Picker) -> Policy:
 def ours(seed: int, weights: ClassWeights | None = None) -> Policy:
     """The placer's Picker with its per-class weights (None: the defaults; a placer takes overrides from
     HANZO_PLACER_WEIGHTS_FILE, the simulator from --weights, in the same JSON form)."""
+    return picker_policy(ours_picker(seed, weights))
+
+
+def ours_picker(seed: int, weights: ClassWeights | None = None, prefix_cost: bool = True) -> Picker:
+    """ours's Picker; prefix_cost=False turns its prefix cost rule off (the experiment
+    ours_no_prefix_cost: ours as it was before the rule)."""
     chosen = weights or ClassWeights.defaults()
-    return _picker_policy(Picker(chosen, rng=np.random.default_rng([seed, 20])))
+    classes = PREFIX_COST_CLASSES if prefix_cost else frozenset()
+    return Picker(chosen, rng=np.random.default_rng([seed, 20]), prefix_cost_classes=classes)
 
 
 def least_loaded(seed: int) -> Policy:
@@ -93,8 +101,9 @@ def least_loaded(seed: int) -> Policy:
         scorers={"load": scorers.load},
         rng=np.random.default_rng([seed, 21]),
         avoid_degraded=frozenset(),
+        prefix_cost_classes=frozenset(),  # ours' rule, not the baseline's
     )
-    return _picker_policy(picker)
+    return picker_policy(picker)
 
 
 _PREFIX_LOAD_WEIGHTS = {"queue": 2.0, "prefix_affinity": 3.0}  # llm-d's default weighting
@@ -110,8 +119,9 @@ def prefix_load_picker(seed: int) -> Policy:
         rng=np.random.default_rng([seed, 22]),
         prefix_capacity=_PREFIX_CAPACITY,
         avoid_degraded=frozenset(),
+        prefix_cost_classes=frozenset(),  # ours' rule, not the baseline's
     )
-    return _picker_policy(picker)
+    return picker_policy(picker)
 
 
 class _Candidates:
@@ -229,7 +239,7 @@ def power_of_two(seed: int) -> Policy:
 
 
 # Run only when asked for (python -m sim --policies): built by the simulation from its config.
-EXPERIMENTS = ("ours_reserve",)  # sim/latency_reserve.py
+EXPERIMENTS = ("ours_reserve", "ours_no_prefix_cost")  # sim/latency_reserve.py; ours without its rule
 
 POLICIES: dict[str, Callable[[int], Policy]] = {
     "random": random_choice,

@@ -29,7 +29,8 @@ class Request:
     conversation / tools: prefix-cache keys (the conversation's history, the tenant's shared tool or
     instruction prompt) with tools_tokens the shared part's length; prefix_chain: the prompt's prefix chain
     as the gateway would send it to the placer, one element per prefix the placer can tell apart (the
-    tools, then the conversation's own history), not one per block."""
+    tools, then the conversation's own history), not one per block; prefix_ends: where each element ends
+    in the prompt, in tokens, as the gateway sends them (sim_prefix_ends)."""
 
     __slots__ = (
         "admit_no",
@@ -52,6 +53,7 @@ class Request:
         "output",
         "preemptions",
         "prefix_chain",
+        "prefix_ends",
         "priority",
         "prompt",
         "to_prefill",
@@ -74,6 +76,7 @@ class Request:
         prefix_chain: tuple[int, ...],
         caller_zone: str,
         follow_up: object = None,
+        prefix_ends: tuple[int, ...] = (),
     ) -> None:
         self.id = id
         self.workload = workload
@@ -86,6 +89,7 @@ class Request:
         self.tools = tools
         self.tools_tokens = tools_tokens
         self.prefix_chain = prefix_chain
+        self.prefix_ends = prefix_ends
         self.caller_zone = caller_zone
         self.follow_up = follow_up  # what the workload does once this one completes (the next turn)
         self.gpu = -1
@@ -106,3 +110,15 @@ class Request:
         self.attempts = 0
         self.excluded: frozenset[str] = frozenset()
         self.expires_s = math.inf
+
+
+def sim_prefix_ends(chain: tuple[int, ...], shared_tokens: int, sent_before: int) -> tuple[int, ...]:
+    """Where a simulated prefix chain's elements end, in tokens: a shared prefix (an agent tenant's tools,
+    a batch job's instruction) at its length; the conversation's own element at what the placer was
+    sent of it before (the previous turn's prompt: the gateway's chain of that prompt is what the memo
+    remembers), or at the shared prefix on a first turn."""
+    if len(chain) == 2:
+        return shared_tokens, max(sent_before, shared_tokens)
+    if len(chain) == 1:
+        return (shared_tokens or sent_before,)
+    return ()

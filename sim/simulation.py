@@ -21,6 +21,8 @@ import numpy as np
 from services.common.workload import WorkloadClass
 from services.gateway.config import GatewaySettings
 from services.placer.cluster.state import ClusterState
+from services.placer.pick.framework import Picker
+from services.placer.pick.prefix_cost import latency_tokens_of
 from services.placer.pick.query import PickQuery
 from services.placer.pick.weights import ClassWeights
 from sim.config import SimConfig
@@ -29,7 +31,7 @@ from sim.feed import Feed
 from sim.fleet import Fleet
 from sim.latency_reserve import LatencyReserve, ours_reserve, reserve_weights
 from sim.planner import PLANNER_INTERVAL_S, ReplicaPlanner
-from sim.policies import POLICIES, ours
+from sim.policies import POLICIES, ours_picker, picker_policy
 from sim.request import Request
 from sim.results import ClassResults
 from sim.sharegpt import Conversation
@@ -91,10 +93,12 @@ class Simulation:
             config.workload, config.layout.gpus, fleet.zone_names, conversations, config.seed
         )
         self.reserve: LatencyReserve | None = None
+        self.picker: Picker | None = None  # ours's, for its counts
         weights: ClassWeights | None = None
-        if policy == "ours":
+        if policy in ("ours", "ours_no_prefix_cost"):
             weights = ClassWeights.from_config(config.class_weights)
-            self.choose = ours(config.seed, weights)
+            self.picker = ours_picker(config.seed, weights, prefix_cost=policy == "ours")
+            self.choose = picker_policy(self.picker)
         elif policy == "ours_reserve":
             weights = reserve_weights(config.class_weights)
             self.reserve = LatencyReserve(self.workload.models.batch, config.reserve_seats)
@@ -212,6 +216,7 @@ class Simulation:
             caller_zone=request.caller_zone,
             caller_rack=self.config.caller_rack,
             prefix_chain=request.prefix_chain,
+            prefix_chain_tokens=request.prefix_ends,
             prompt_tokens=request.prompt,
             now_s=self.now,
             explain_top=0,  # as the gateway asks
@@ -228,7 +233,8 @@ class Simulation:
                 break
             if self.planner is not None:
                 self.planner.record_pick(request)
-            self.state.record_pick(self.state.snapshot.row_of[node_id], request.workload)
+            row = self.state.snapshot.row_of[node_id]
+            self.state.record_pick(row, request.workload, latency_tokens_of(query))
             g = self.index_of[node_id]
             engine = self.engines[g]
             if engine.serves(request.model):
@@ -351,6 +357,8 @@ class Simulation:
             "replica_planner": None if self.planner is None else self.planner.summary(),
             "latency_reserve": None if self.reserve is None else self.reserve.summary(),
             "picks": self.picks,
+            # Picks the prefix cost rule moved to the node holding the prompt's prefix (ours's).
+            "prefix_kept": None if self.picker is None else self.picker.prefix_kept,
             "pick_us_mean": self.pick_s / self.picks * 1e6 if self.picks else None,
             "wall_s": self.wall_s,
         }

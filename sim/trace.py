@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from services.common.workload import WorkloadClass
 from sim.config import Models, WorkloadConfig
-from sim.request import Request
+from sim.request import Request, sim_prefix_ends
 from sim.sharegpt import Conversation
 from sim.workload import Workload
 
@@ -180,4 +180,7 @@ class TraceWorkload:
             prefix_chain=session.prefix_chain,
             caller_zone=session.zone,
             follow_up=(session, k),
+            prefix_ends=sim_prefix_ends(
+                session.prefix_chain, session.shared_tokens, session.prompt(k - 1) if k else 0
+            ),
         )

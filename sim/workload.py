@@ -26,7 +26,7 @@ import numpy as np
 
 from services.common.workload import WorkloadClass
 from sim.config import Models, WorkloadConfig
-from sim.request import Request
+from sim.request import Request, sim_prefix_ends
 from sim.sharegpt import Conversation
 
 CHAT_SYSTEM_TOKENS = 60
@@ -43,8 +43,8 @@ class Session:
     """One conversation, trajectory, document or embedding call: what it asks next."""
 
     __slots__ = (
-        "history", "index", "key", "model", "prefix_chain", "rng", "tools", "tools_tokens", "turn", "turns",
-        "workload", "zone",
+        "history", "index", "key", "model", "prefix_chain", "rng", "sent", "tools", "tools_tokens", "turn",
+        "turns", "workload", "zone",
     )  # fmt: skip
     history: int
     index: int
@@ -52,6 +52,7 @@ class Session:
     model: str
     prefix_chain: tuple[int, ...]
     rng: random.Random
+    sent: int  # the previous turn's prompt tokens (0 before the first)
     tools: int
     tools_tokens: int
     turn: int
@@ -161,7 +162,7 @@ class Workload:
         # random.Random, not numpy: seeding one per session is ten times cheaper, and sessions are many.
         s.rng = random.Random(_key(self.seed, 3, int(workload), index))
         s.zone = self.zones[s.rng.randrange(len(self.zones))]
-        s.turn, s.history, s.tools, s.tools_tokens, s.prefix_chain = 0, 0, 0, 0, ()
+        s.turn, s.history, s.tools, s.tools_tokens, s.prefix_chain, s.sent = 0, 0, 0, 0, (), 0
         s.key = _key(self.seed, int(workload), index)
         if workload == WorkloadClass.REALTIME_CHAT:
             s.turns = self.conversations[s.rng.randrange(len(self.conversations))]
@@ -198,6 +199,8 @@ class Workload:
         s.turn += 1
         prompt = s.history + user
         s.history = prompt + reply
+        ends = sim_prefix_ends(s.prefix_chain, s.tools_tokens, s.sent)
+        s.sent = prompt
         output = max(min(reply, MAX_OUTPUT_TOKENS), 0 if s.workload == WorkloadClass.EMBEDDING else 1)
         self._next_id += 1
         return Request(
@@ -213,6 +216,7 @@ class Workload:
             prefix_chain=s.prefix_chain,
             caller_zone=s.zone,
             follow_up=s,
+            prefix_ends=ends,
         )
 
 

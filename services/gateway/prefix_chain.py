@@ -20,10 +20,12 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from hanzo.inference.v1 import inference_pb2
-from services.placer.pick.query import MAX_PREFIX_CHAIN
+from services.placer.pick.query import MAX_PREFIX_CHAIN, TOKENS_PER_ELEMENT
 
-TOKENS_PER_BLOCK = 128  # token ids per element: coarser than a KV block, so a long prompt stays cheap
-CHARS_PER_BLOCK = 512  # the same for text, at about four characters a token
+# Token ids per element: coarser than a KV block, so a long prompt stays cheap.
+TOKENS_PER_BLOCK = TOKENS_PER_ELEMENT
+CHARS_PER_TOKEN = 4  # what text's tokens are estimated at, for the placer's prefix cost rule
+CHARS_PER_BLOCK = TOKENS_PER_BLOCK * CHARS_PER_TOKEN  # the same for text
 # Elements at most, as many as the placer reads (8,192 tokens): past that, prompts that agree so far meet
 # anyway.
 MAX_CHAIN = MAX_PREFIX_CHAIN
@@ -46,15 +48,18 @@ class PromptHints(NamedTuple):
 
     chain: tuple[int, ...] = ()
     prompt_tokens: int = 0  # its token ids; 0 for text, whose token count only the worker knows
+    # Where each chain element ends in the prompt, in tokens (text: at CHARS_PER_TOKEN characters one).
+    chain_tokens: tuple[int, ...] = ()
 
 
 NO_HINTS = PromptHints()  # a request with no prompt to place by (an embedding)
 
 
 def hints_of(prompt: Prompt) -> PromptHints:
-    """prompt's chain, and its length where it is token ids."""
+    """prompt's chain and where its elements end, and its length where it is token ids."""
     tokens = 0 if isinstance(prompt, (str, ChatKey)) else len(prompt)
-    return PromptHints(prefix_chain(prompt), tokens)
+    chain, ends = _chain(prompt)
+    return PromptHints(chain, tokens, ends)
 
 
 def chat_key(chat: inference_pb2.ChatInput) -> ChatKey:
@@ -75,29 +80,45 @@ def chat_key(chat: inference_pb2.ChatInput) -> ChatKey:
 
 def prefix_chain(prompt: Prompt) -> tuple[int, ...]:
     """prompt's chain: a hash per block, each over the prompt from its start; () for an empty prompt."""
+    return _chain(prompt)[0]
+
+
+def _chain(prompt: Prompt) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(prompt's chain, each element's end in tokens)."""
     hasher = hashlib.blake2b(digest_size=8)
     chain: list[int] = []
-    for block in _blocks(prompt):
+    ends: list[int] = []
+    for block, end in _blocks(prompt):
         hasher.update(block)
         # 63 bits: the values travel as uint64 and sit in Python ints, and stay clear of a sign bit.
         chain.append(int.from_bytes(hasher.copy().digest(), "big") >> 1)
+        ends.append(end)
         if len(chain) == MAX_CHAIN:
             break
-    return tuple(chain)
+    return tuple(chain), tuple(ends)
 
 
-def _blocks(prompt: Prompt) -> Iterator[bytes]:
+def _blocks(prompt: Prompt) -> Iterator[tuple[bytes, int]]:
+    """(block, where it ends in the prompt in tokens) per block."""
     if isinstance(prompt, ChatKey):
+        opening = len(prompt.opening)
         if prompt.opening:
-            yield prompt.opening.encode()
-        yield from _text_blocks(prompt.rest)
+            yield prompt.opening.encode(), _text_tokens(opening)
+        yield from _text_blocks(prompt.rest, opening)
     elif isinstance(prompt, str):
-        yield from _text_blocks(prompt)
+        yield from _text_blocks(prompt, 0)
     else:
         for start in range(0, len(prompt), TOKENS_PER_BLOCK):
-            yield array("q", prompt[start : start + TOKENS_PER_BLOCK]).tobytes()
+            block = prompt[start : start + TOKENS_PER_BLOCK]
+            yield array("q", block).tobytes(), start + len(block)
 
 
-def _text_blocks(text: str) -> Iterator[bytes]:
+def _text_blocks(text: str, before: int) -> Iterator[tuple[bytes, int]]:
+    """text's blocks; before: characters of the prompt ahead of text."""
     for start in range(0, len(text), CHARS_PER_BLOCK):
-        yield text[start : start + CHARS_PER_BLOCK].encode()
+        block = text[start : start + CHARS_PER_BLOCK]
+        yield block.encode(), _text_tokens(before + start + len(block))
+
+
+def _text_tokens(chars: int) -> int:
+    return -(-chars // CHARS_PER_TOKEN)

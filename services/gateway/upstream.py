@@ -132,6 +132,7 @@ class Upstream:
                 caller_rack=self.topology.rack,
                 caller_host=self.topology.host,
                 prefix_chain=hints.chain,
+                prefix_chain_tokens=hints.chain_tokens,
                 prompt_tokens=hints.prompt_tokens,
                 exclude=frozenset(exclude),
                 now_s=time.time(),
@@ -146,6 +147,7 @@ class Upstream:
             caller=self.topology,
             exclude_nodes=exclude,
             prefix_chain=hints.chain,
+            prefix_chain_tokens=hints.chain_tokens,
             prompt_tokens=hints.prompt_tokens,
             node_only=True,  # nobody reads the runners-up here
         )

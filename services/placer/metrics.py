@@ -14,6 +14,8 @@ from services.common.workload import WorkloadClass
 from services.placer.cluster.view import ClusterView
 from services.placer.pick.framework import PickResult
 
+PREFIX_COST = "prefix_cost"  # the decisions' scorer label for a pick the prefix cost rule decided
+
 
 class PlacerMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -32,7 +34,8 @@ class PlacerMetrics:
         self.decisions = Counter(
             "hanzo_placer_decisions",
             "Picks by workload class and winning scorer: the one that added most to the chosen node's "
-            "weighted total",
+            "weighted total, or prefix_cost where the prefix cost rule kept the node holding the "
+            "prompt's prefix over the ranked winner",
             ["workload_class", "scorer"],
             registry=self.registry,
         )
@@ -79,7 +82,10 @@ class PlacerMetrics:
         scores = result.candidates[0].scores
         if not scores:
             return
-        winner = max(scores, key=lambda name: scores[name] * weights.get(name, 0.0))
+        if result.prefix_kept:
+            winner = PREFIX_COST
+        else:
+            winner = max(scores, key=lambda name: scores[name] * weights.get(name, 0.0))
         child = self._decided.get((workload, winner))
         if child is None:
             child = self._decided[workload, winner] = self.decisions.labels(workload.name, winner)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 
 from hanzo.inference.v1 import placer_pb2
@@ -19,6 +20,7 @@ from services.placer.config import PREFIX_CAPACITY
 from services.placer.demand import DemandCounter
 from services.placer.metrics import PlacerMetrics
 from services.placer.pick.framework import Picker, PickResult
+from services.placer.pick.prefix_cost import latency_tokens_of
 from services.placer.pick.query import MAX_PREFIX_CHAIN, PickQuery
 from services.placer.pick.weights import ClassWeights
 
@@ -89,9 +91,19 @@ class PlacerReplica:
             workload = WorkloadClass(request.workload_class)
         except ValueError:
             raise InvalidArgument("workload_class", f"unknown value {request.workload_class}") from None
-        if len(request.prefix_chain) > MAX_PREFIX_CHAIN:
+        chain, ends = request.prefix_chain, request.prefix_chain_tokens
+        if len(chain) > MAX_PREFIX_CHAIN:
             raise InvalidArgument(
-                "prefix_chain", f"has {len(request.prefix_chain)} elements; send at most {MAX_PREFIX_CHAIN}"
+                "prefix_chain", f"has {len(chain)} elements; send at most {MAX_PREFIX_CHAIN}"
+            )
+        if ends and len(ends) != len(chain):
+            raise InvalidArgument(
+                "prefix_chain_tokens",
+                f"has {len(ends)} entries for {len(chain)} chain elements; send one an element or none",
+            )
+        if any(later < earlier for earlier, later in itertools.pairwise(ends)):
+            raise InvalidArgument(
+                "prefix_chain_tokens", "must not decrease: each element ends where its prefix ends"
             )
         return PickQuery(
             model=request.model,
@@ -99,7 +111,8 @@ class PlacerReplica:
             caller_zone=request.caller.zone,
             caller_rack=request.caller.rack,
             caller_host=request.caller.host,
-            prefix_chain=tuple(request.prefix_chain),
+            prefix_chain=tuple(chain),
+            prefix_chain_tokens=tuple(ends),
             prompt_tokens=request.prompt_tokens,
             exclude=frozenset(request.exclude_nodes),
             now_s=time.time(),
@@ -124,7 +137,7 @@ class PlacerReplica:
                 raise NotFound(f"model {query.model!r} is not served by any worker in the cluster")
             raise Unavailable(f"no healthy worker can take model {query.model!r} now; retry shortly")
         self.metrics.decided(query.workload_class, self._weights[query.workload_class], result)
-        view.record_pick(result.row, query.workload_class)
+        view.record_pick(result.row, query.workload_class, latency_tokens_of(query))
         return result
 
     def list_nodes(self, node_ids: list[str]) -> placer_pb2.ListNodesReply:

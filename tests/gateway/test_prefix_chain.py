@@ -12,6 +12,7 @@ from services.gateway.prefix_chain import (
     CHARS_PER_BLOCK,
     MAX_CHAIN,
     TOKENS_PER_BLOCK,
+    ChatKey,
     PromptHints,
     hints_of,
     prefix_chain,
@@ -85,8 +86,20 @@ def test_tool_calls_are_part_of_the_key() -> None:
 def test_a_long_prompt_is_cut_at_the_most_the_placer_reads() -> None:
     long = list(range(TOKENS_PER_BLOCK * (MAX_CHAIN + 10)))
     assert len(prefix_chain(long)) == MAX_CHAIN
-    assert hints_of(long) == PromptHints(prefix_chain(long), len(long))
+    ends = tuple(TOKENS_PER_BLOCK * (i + 1) for i in range(MAX_CHAIN))
+    assert hints_of(long) == PromptHints(prefix_chain(long), len(long), ends)
     assert hints_of("text").prompt_tokens == 0  # its token count is the worker's to know
+
+
+def test_each_element_says_where_it_ends_in_tokens() -> None:
+    # Token ids end exactly; the last block may be short.
+    assert hints_of(list(range(300))).chain_tokens == (128, 256, 300)
+    # Text at four characters a token, rounded up.
+    assert hints_of("x" * 1030).chain_tokens == (128, 256, 258)
+    # A chat's opening is one element of whatever length, the rest counted from its end.
+    key = ChatKey("o" * 2000, "r" * 600)
+    assert hints_of(key).chain_tokens == (500, 628, 650)
+    assert len(hints_of(key).chain) == 3
 
 
 def test_the_chain_is_the_same_in_another_process() -> None:

@@ -51,6 +51,7 @@ def _one_at_a_time(state: ClusterState, t: float, nodes: list[tuple]) -> None:
         report = node_report(NODES[i], zone=f"z{i % 2}", running=running, waiting=waiting, kv_usage=kv)
         report.load.batch_running = batch_running
         report.load.batch_waiting = waiting
+        report.load.latency_prompt_tokens = 100 * running
         state.apply_node(cluster_state_pb2.NodeEntry(report=report, deadline_s=NOW + t + 3))
         sample = gpu_sample(temperature, timestamp_s=NOW + t, reasons=int(temperature > 85))
         state.apply_thermal(NODES[i], state.thermal_entry(NODES[i], sample))
@@ -71,6 +72,7 @@ def _batched(state: ClusterState, t: float, nodes: list[tuple]) -> None:
             max_running=template.load.max_running,
             batch_running=batch_running,
             batch_waiting=waiting,
+            latency_prompt_tokens=100 * running,
             kv_usage=kv,
             memory_free_bytes=template.gpu.memory_free_bytes,
         )

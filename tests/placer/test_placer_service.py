@@ -100,6 +100,41 @@ async def test_picks_count_as_waiting_until_the_next_heartbeat(redis_server: Red
             assert after == {"a", "b"}
 
 
+async def test_an_agent_call_stays_with_its_history_unless_the_queue_there_costs_more(
+    redis_server: RedisServer,
+) -> None:
+    """The prefix cost rule over gRPC, fed by heartbeats through Redis: a busy worker holding a session's
+    3,900 cached tokens keeps its next call while its latency prefill is short, and loses it once the
+    queue there costs more than computing the whole prompt on the idle worker."""
+    agent = common_pb2.WORKLOAD_CLASS_AGENT_TOOL
+
+    def call(*chain: int) -> placer_pb2.PickRequest:
+        request = pick_request(cls=agent)
+        request.prefix_chain.extend(chain)
+        request.prefix_chain_tokens.extend([2_000, 3_900, 4_000, 4_100][: len(chain)])
+        return request
+
+    async with running_placer(redis_server.url) as app:
+        channel, stub = placer_stub(app.address)
+        async with channel:
+            busy = node_report("holder", running=40, kv_usage=0.6)
+            busy.load.latency_prompt_tokens = 500
+            await stub.Heartbeat(busy)
+            await stub.Heartbeat(node_report("idle"))
+            first = call(1, 2)
+            first.exclude_nodes.append("idle")
+            assert (await stub.Pick(first)).node_id == "holder"
+            await stub.Heartbeat(busy)  # the first call done: its prompt no longer counts there
+            kept = await stub.Pick(call(1, 2, 3))
+            assert kept.node_id == "holder"
+            assert [c.node_id for c in kept.candidates][:2] == ["holder", "idle"]  # the ranked winner second
+            labels = {"workload_class": "AGENT_TOOL", "scorer": "prefix_cost"}
+            assert app.metrics.registry.get_sample_value("hanzo_placer_decisions_total", labels) == 1
+            busy.load.latency_prompt_tokens = 10_000
+            await stub.Heartbeat(busy)
+            assert (await stub.Pick(call(1, 2, 3, 4))).node_id == "idle"
+
+
 @pytest.mark.parametrize(
     ("call", "code", "words"),
     [
@@ -108,6 +143,16 @@ async def test_picks_count_as_waiting_until_the_next_heartbeat(redis_server: Red
         ("pick_no_model", grpc.StatusCode.INVALID_ARGUMENT, "model"),
         ("pick_bad_class", grpc.StatusCode.INVALID_ARGUMENT, "workload_class"),
         ("pick_long_chain", grpc.StatusCode.INVALID_ARGUMENT, "prefix_chain: has 65 elements"),
+        (
+            "pick_chain_ends_short",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "prefix_chain_tokens: has 1 entries for 2",
+        ),
+        (
+            "pick_chain_ends_decrease",
+            grpc.StatusCode.INVALID_ARGUMENT,
+            "prefix_chain_tokens: must not decrease",
+        ),
         ("pick_unknown_model", grpc.StatusCode.NOT_FOUND, "not served by any worker"),
     ],
 )
@@ -122,12 +167,18 @@ async def test_bad_requests_get_precise_statuses(
             no_address.address = ""
             long_chain = pick_request()
             long_chain.prefix_chain.extend(range(1, 66))
+            ends_short, ends_decrease = pick_request(), pick_request()
+            for request, ends in ((ends_short, [128]), (ends_decrease, [256, 128])):
+                request.prefix_chain.extend([1, 2])
+                request.prefix_chain_tokens.extend(ends)
             calls = {
                 "heartbeat_no_id": lambda: stub.Heartbeat(node_report("")),
                 "heartbeat_no_address": lambda: stub.Heartbeat(no_address),
                 "pick_no_model": lambda: stub.Pick(pick_request(model="")),
                 "pick_bad_class": lambda: stub.Pick(pick_request(cls=42)),
                 "pick_long_chain": lambda: stub.Pick(long_chain),
+                "pick_chain_ends_short": lambda: stub.Pick(ends_short),
+                "pick_chain_ends_decrease": lambda: stub.Pick(ends_decrease),
                 "pick_unknown_model": lambda: stub.Pick(pick_request(model="gpt-9")),
             }
             with pytest.raises(grpc.aio.AioRpcError) as err:

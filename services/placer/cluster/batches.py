@@ -24,6 +24,7 @@ class LoadBatch:
     max_running: Column
     batch_running: Column
     batch_waiting: Column
+    latency_prompt_tokens: Column
     kv_usage: Column
     memory_free_bytes: Column
 

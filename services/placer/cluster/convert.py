@@ -44,6 +44,7 @@ def node_record(
         max_running=report.load.max_running,
         batch_running=report.load.batch_running,
         batch_waiting=report.load.batch_waiting,
+        latency_prompt_tokens=report.load.latency_prompt_tokens,
         draining=report.draining,
         deadline_s=entry.deadline_s,
         thermal=None if thermal is None else thermal_sample(thermal.sample),

@@ -51,6 +51,7 @@ class NodeRecord:
     deadline_s: float
     batch_running: int = 0  # of running and waiting, the BATCH class's
     batch_waiting: int = 0
+    latency_prompt_tokens: int = 0  # prompt tokens of the latency classes not yet computed
     thermal: ThermalSample | None = None
     # Rate of temperature change in degrees C per second, smoothed over recent samples.
     temperature_trend_c_per_s: float = 0.0

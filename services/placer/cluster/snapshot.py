@@ -26,6 +26,7 @@ class NodeLoadLike(Protocol):
     max_running: int
     batch_running: int
     batch_waiting: int
+    latency_prompt_tokens: int
     kv_usage: float
 
 
@@ -36,6 +37,7 @@ _FLOAT_COLUMNS = (
     "max_running",
     "batch_running",
     "batch_waiting",
+    "latency_prompt_tokens",
     "kv_usage",
     "memory_total_bytes",
     "memory_free_bytes",
@@ -116,6 +118,7 @@ class ClusterSnapshot:
     max_running: np.ndarray
     batch_running: np.ndarray
     batch_waiting: np.ndarray
+    latency_prompt_tokens: np.ndarray
     kv_usage: np.ndarray
     memory_total_bytes: np.ndarray
     memory_free_bytes: np.ndarray
@@ -267,14 +270,17 @@ class ClusterSnapshot:
         self.max_running[row] = load.max_running
         self.batch_running[row] = load.batch_running
         self.batch_waiting[row] = load.batch_waiting
+        self.latency_prompt_tokens[row] = load.latency_prompt_tokens
         self.kv_usage[row] = load.kv_usage
         self.memory_free_bytes[row] = memory_free_bytes
 
-    def add_waiting(self, row: int, batch: bool = False) -> None:
-        """Count one more request waiting at row (a BATCH one if batch), until its next heartbeat
-        reports the real count."""
+    def add_waiting(self, row: int, batch: bool = False, latency_tokens: int = 0) -> None:
+        """Count one more request waiting at row (a BATCH one if batch), and latency_tokens more prompt
+        tokens of the latency classes to compute there, until its next heartbeat reports the real
+        figures."""
         self._written(row)
         self.waiting[row] += 1
+        self.latency_prompt_tokens[row] += latency_tokens
         if batch:
             self.batch_waiting[row] += 1
 

@@ -92,12 +92,15 @@ class ClusterState:
                 entry.temperature_trend_c_per_s = previous.temperature_trend_c_per_s
         return entry
 
-    def record_pick(self, row: int, workload_class: WorkloadClass = WorkloadClass.UNSPECIFIED) -> None:
-        """A request of workload_class was just sent to the node at row (a row of the current snapshot).
-        Until that node's next heartbeat it counts as waiting there: a heartbeat's load is up to an
-        interval old, and every pick in between would otherwise see the same least-loaded node and pile
-        onto it."""
-        self.snapshot.add_waiting(row, batch=workload_class == WorkloadClass.BATCH)
+    def record_pick(
+        self, row: int, workload_class: WorkloadClass = WorkloadClass.UNSPECIFIED, latency_tokens: int = 0
+    ) -> None:
+        """A request of workload_class was just sent to the node at row (a row of the current snapshot),
+        with latency_tokens prompt tokens of the latency classes to compute there
+        (prefix_cost.latency_tokens_of). Until that node's next heartbeat it counts as waiting there: a
+        heartbeat's load is up to an interval old, and every pick in between would otherwise see the
+        same least-loaded node and pile onto it."""
+        self.snapshot.add_waiting(row, workload_class == WorkloadClass.BATCH, latency_tokens)
 
     def expire(self) -> None:
         """Drop nodes whose deadline passed (no heartbeat within the TTL). O(1) until the earliest

@@ -26,8 +26,16 @@ from services.placer.pick import nvml_bits
 from services.placer.pick.filters import DEFAULT_FILTERS, Filter, Rows
 from services.placer.pick.memo import PrefixMemo, TieBreak
 from services.placer.pick.native_rows import NativeRows, is_topology
+from services.placer.pick.prefix_cost import PREFIX_COST_CLASSES, keep_prefix
 from services.placer.pick.query import PickContext, PickQuery
-from services.placer.pick.scorers import DEFAULT_SCORERS, RequestScorer, RowScorer, Scorer, clamp_scores
+from services.placer.pick.scorers import (
+    DEFAULT_SCORERS,
+    RequestScorer,
+    RowScorer,
+    Scorer,
+    clamp_scores,
+    topology_at,
+)
 from services.placer.pick.table import RowTable
 from services.placer.pick.weights import ClassWeights
 
@@ -56,6 +64,9 @@ class PickResult:
     considered: int  # nodes that passed every filter
     candidates: list[Candidate]  # the chosen one first, then up to query.explain_top runners-up, best first
     last_resort: bool  # the chosen node is degraded (throttled or near slowdown) and nothing else was left
+    # The prefix cost rule (prefix_cost.py) chose the node holding the prompt's prefix over the ranked
+    # winner, which is then the first runner-up.
+    prefix_kept: bool
     rank_us: float  # bringing the rows up to date, the request's scorers and ordering
     choose_us: float  # the tie-break and the explanation
 
@@ -86,6 +97,7 @@ class Picker:
         *,
         near_slowdown_band_c: float = 3.0,
         avoid_degraded: frozenset[WorkloadClass] = DEFAULT_AVOID_DEGRADED,
+        prefix_cost_classes: frozenset[WorkloadClass] = PREFIX_COST_CLASSES,
         default_slowdown_c: float = nvml_bits.DEFAULT_SLOWDOWN_TEMPERATURE_C,
         incremental: bool = True,
         compiled: bool = True,
@@ -94,6 +106,8 @@ class Picker:
 
         near_slowdown_band_c: a GPU this many degrees C below its slowdown threshold, or hotter, counts as
         degraded for the classes in avoid_degraded, like one whose thermal or power slowdown bits are set.
+        prefix_cost_classes: the classes whose picks the prefix cost rule (prefix_cost.py) may move to
+        the node holding their prompt's prefix; empty turns it off.
         incremental=False rescores every row on every pick: the same decisions, slower (the reference
         the tests and the placer bench compare against). compiled=False keeps every table in numpy even
         where the compiled pick (native.py) could serve its filters and scorers: the same decisions.
@@ -104,6 +118,7 @@ class Picker:
         self._prefixes = PrefixMemo(prefix_capacity)
         self._near_band_c = near_slowdown_band_c
         self._avoid_degraded = avoid_degraded
+        self._prefix_cost_classes = prefix_cost_classes
         self._default_slowdown_c = default_slowdown_c
         self._incremental = incremental
         self._compiled = compiled
@@ -111,6 +126,7 @@ class Picker:
         self._buffers: dict[str, np.ndarray] = {}  # reused per pick, so a pick allocates nothing fleet-sized
         self.full_rescores = 0  # refreshes that rescored every row
         self.rows_rescored = 0  # rows rescored by the other refreshes
+        self.prefix_kept = 0  # picks the prefix cost rule moved to the node holding the prompt's prefix
 
     def pick(self, snapshot: ClusterSnapshot, query: PickQuery) -> PickResult | None:
         """The node to serve query; None when no node passes every filter (or the model is unknown)."""
@@ -131,7 +147,8 @@ class Picker:
             return None
         runners_up = max(query.explain_top, 0)
         written: dict[str, np.ndarray] = {}
-        context = PickContext(prefix_row=self._prefixes.row(snapshot, query.prefix_chain))
+        prefix_row, matched = self._prefixes.match(snapshot, query.prefix_chain)
+        context = PickContext(prefix_row=prefix_row, prefix_tokens=query.prefix_tokens(matched))
         topology = None  # the compiled ranking's topology score per leader
         if table.native is not None:
             leader_totals, leaders, ties = table.native.rank(
@@ -147,6 +164,19 @@ class Picker:
         ranked = time.perf_counter_ns()
         position = self._tie_break.draw(ties) if ties > 1 else 0
         row = int(leaders[position])
+        prefix_kept = self._prefix_wins(snapshot, query, table, context, row, excluded_rows)
+        if prefix_kept:
+            self.prefix_kept += 1
+            # The prefix node goes first, the ranked leaders after it (itself left out) as its runners-up.
+            assert prefix_row is not None
+            row, position = prefix_row, 0
+            total = self._total_of(snapshot, query, plan, table, written, topology is not None, row)
+            others = leaders != row
+            leaders = np.concatenate(([row], leaders[others]))
+            leader_totals = np.concatenate(([total], leader_totals[others]))
+            if topology is not None:
+                kept_topology = topology_at(snapshot, query, row)  # the compiled array outlasts its leaders
+                topology = np.concatenate(([kept_topology], topology[: others.size][others]))
         node_id = snapshot.node_ids[row]
         assert node_id is not None  # live rows always have an id
         self._prefixes.remember(query.prefix_chain, node_id)
@@ -163,6 +193,7 @@ class Picker:
             considered=considered,
             candidates=candidates,
             last_resort=bool(table.degraded[row]),
+            prefix_kept=prefix_kept,
             rank_us=(ranked - start) / 1e3,
             choose_us=(done - ranked) / 1e3,
         )
@@ -173,6 +204,49 @@ class Picker:
                 result.last_resort, result.rank_us, result.choose_us, candidates,
             )  # fmt: skip
         return result
+
+    def _prefix_wins(
+        self,
+        snapshot: ClusterSnapshot,
+        query: PickQuery,
+        table: RowTable,
+        context: PickContext,
+        chosen: int,
+        excluded_rows: list[int],
+    ) -> bool:
+        """The prefix cost rule, for a prefix node that passed every filter, is not excluded and is no
+        more a last resort than the ranked winner chosen."""
+        row = context.prefix_row
+        if (
+            row is None
+            or row == chosen
+            or query.workload_class not in self._prefix_cost_classes
+            or not table.passed[row]
+            or row in excluded_rows
+            or table.degraded[row] > table.degraded[chosen]
+        ):
+            return False
+        return keep_prefix(snapshot, query, context, chosen)
+
+    def _total_of(
+        self,
+        snapshot: ClusterSnapshot,
+        query: PickQuery,
+        plan: _Plan,
+        table: RowTable,
+        written: dict[str, np.ndarray],
+        compiled_topology: bool,
+        row: int,
+    ) -> float:
+        """One row's total for this request, as the ranking adds it up (the compiled ranking keeps its
+        topology scores to itself, so compiled_topology recomputes that one)."""
+        total = float(table.base[row])
+        for name, scorer, weight in plan.request:
+            if compiled_topology and is_topology(scorer):
+                total += weight * topology_at(snapshot, query, row)
+            elif name in written:
+                total += weight * float(self._buffers[name][row])
+        return total
 
     def _table(self, query: PickQuery, plan: _Plan) -> RowTable:
         key = (query.model, query.workload_class)

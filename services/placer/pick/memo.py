@@ -27,13 +27,17 @@ class PrefixMemo:
     def row(self, snapshot: ClusterSnapshot, chain: tuple[int, ...]) -> int | None:
         """Row of the node that was last sent the longest prefix of chain's prompt, among the nodes still
         in the snapshot; None if it shares no remembered prefix with one."""
-        for prefix in reversed(chain):
-            node_id = self._nodes.get(prefix)
+        return self.match(snapshot, chain)[0]
+
+    def match(self, snapshot: ClusterSnapshot, chain: tuple[int, ...]) -> tuple[int | None, int]:
+        """(row as row() finds it, how many of chain's elements that prefix spans; 0 with None)."""
+        for depth in range(len(chain), 0, -1):
+            node_id = self._nodes.get(chain[depth - 1])
             if node_id is not None:
                 row = snapshot.row_of.get(node_id)
                 if row is not None:
-                    return row
-        return None
+                    return row, depth
+        return None, 0
 
     def remember(self, chain: tuple[int, ...], node_id: str) -> None:
         """Every prefix of the prompt as sent to node_id: a later prompt extending any of them (the next

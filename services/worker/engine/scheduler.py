@@ -51,6 +51,7 @@ class Scheduler:
         self._waiting = self.policy.new_queue()
         self._waiting_by_class: Counter[WorkloadClass] = Counter()
         self._waiting_tokens = 0  # prompt tokens queued, for retry hints
+        self._waiting_batch_tokens = 0  # of those, the BATCH class's
         self._running: list[Sequence] = []  # sorted by policy.running_key; preemption takes from the back
         self._by_id: dict[str, Sequence] = {}  # every unfinished sequence
         self._admits = itertools.count(1)
@@ -108,6 +109,19 @@ class Scheduler:
     def waiting_of(self, workload: WorkloadClass) -> int:
         """Sequences of one workload class queued for (re-)admission."""
         return self._waiting_by_class[workload]
+
+    def latency_prompt_tokens(self) -> int:
+        """Prompt tokens not yet computed of every class's sequences but BATCH's, queued or admitted:
+        the prefill a new latency request waits behind, since the policy serves the latency classes
+        ahead of batch (the heartbeat reports it to the placer). A queued sequence counts whole (its
+        prefix hits are known only at admission); the running list holds at most max_num_seqs."""
+        batch = WorkloadClass.BATCH
+        admitted = sum(
+            seq.num_tokens - seq.num_computed_tokens
+            for seq in self._running
+            if seq.num_computed_tokens < seq.num_prompt_tokens and seq.hints.workload is not batch
+        )
+        return admitted + self._waiting_tokens - self._waiting_batch_tokens
 
     def add(self, seq: Sequence) -> None:
         """Queue a WAITING sequence; InvalidRequestError if it can never fit, AdmissionError if its
@@ -366,13 +380,21 @@ class Scheduler:
 
     def _enqueue(self, seq: Sequence) -> None:
         self._waiting.push(seq)
+        self._count_in(seq)
+
+    def _count_in(self, seq: Sequence) -> None:
+        """Account for seq having joined the waiting queue."""
         self._waiting_by_class[seq.hints.workload] += 1
         self._waiting_tokens += seq.num_tokens
+        if seq.hints.workload is WorkloadClass.BATCH:
+            self._waiting_batch_tokens += seq.num_tokens
 
     def _count_out(self, seq: Sequence) -> None:
         """Account for seq having left the waiting queue."""
         self._waiting_by_class[seq.hints.workload] -= 1
         self._waiting_tokens -= seq.num_tokens
+        if seq.hints.workload is WorkloadClass.BATCH:
+            self._waiting_batch_tokens -= seq.num_tokens
 
     def _preempt(self, seq: Sequence) -> None:
         """Drop seq's blocks and requeue it to recompute (prefix caching makes that cheap)."""
@@ -381,8 +403,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self._waiting.requeue(seq)
-        self._waiting_by_class[seq.hints.workload] += 1
-        self._waiting_tokens += seq.num_tokens
+        self._count_in(seq)
 
     def _release(self, seq: Sequence, reason: FinishReason) -> None:
         """Mark seq finished with reason and give its blocks back."""

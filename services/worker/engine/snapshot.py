@@ -21,6 +21,7 @@ class EngineSnapshot:
     waiting: int = 0
     batch_running: int = 0  # of running and waiting, the BATCH class's (the heartbeat reports them)
     batch_waiting: int = 0
+    latency_prompt_tokens: int = 0  # Scheduler.latency_prompt_tokens (the heartbeat reports it)
     kv_usage: float = 0.0
     kv_blocks_total: int = 0
     kv_blocks_used: int = 0
@@ -46,6 +47,7 @@ def snapshot_of(engine: LLMEngine) -> EngineSnapshot:
         waiting=engine.scheduler.num_waiting,
         batch_running=engine.scheduler.running_of(WorkloadClass.BATCH),
         batch_waiting=engine.scheduler.waiting_of(WorkloadClass.BATCH),
+        latency_prompt_tokens=engine.scheduler.latency_prompt_tokens(),
         kv_usage=blocks.usage,
         kv_blocks_total=blocks.num_blocks,
         kv_blocks_used=blocks.num_used_blocks,

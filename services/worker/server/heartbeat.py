@@ -66,6 +66,7 @@ def node_report(
         max_running=settings.max_num_seqs * max(len(decoders), 1),
         batch_running=sum(m.snapshot.batch_running for m in decoders),
         batch_waiting=sum(m.snapshot.batch_waiting for m in decoders),
+        latency_prompt_tokens=sum(m.snapshot.latency_prompt_tokens for m in decoders),
     )
     return placer_pb2.NodeReport(
         node_id=node_id,

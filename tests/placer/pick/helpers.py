@@ -21,9 +21,9 @@ def node(node_id: str, **spec: Any) -> NodeRecord:
     """A NodeRecord with sensible defaults: idle, 80 GB GPU with 40 GB free, MODEL cold, no thermal sample.
 
     spec keys: models ({name: "resident" | "host" | "cold"}), weight_bytes, free_gb, running, waiting,
-    max_running, batch_running, batch_waiting, kv, draining, deadline (seconds after NOW), zone, rack,
-    host, trend; and for a thermal sample any of temp, slowdown, shutdown, reasons, power, power_limit
-    (slowdown/shutdown 0 = unknown).
+    max_running, batch_running, batch_waiting, latency_tokens, kv, draining, deadline (seconds after NOW),
+    zone, rack, host, trend; and for a thermal sample any of temp, slowdown, shutdown, reasons, power,
+    power_limit, clock (SM MHz of 1,980; slowdown/shutdown 0 = unknown).
     """
     models = spec.get("models", {MODEL: "cold"})
     weight_bytes = spec.get("weight_bytes", WEIGHT_BYTES)
@@ -38,7 +38,7 @@ def node(node_id: str, **spec: Any) -> NodeRecord:
             clock_event_reasons=spec.get("reasons", 0),
             power_w=spec.get("power", 300.0),
             power_limit_w=spec.get("power_limit", 700.0),
-            sm_clock_mhz=1800.0,
+            sm_clock_mhz=spec.get("clock", 1800.0),
             sm_clock_max_mhz=1980.0,
             utilization=0.5,
         )
@@ -61,6 +61,7 @@ def node(node_id: str, **spec: Any) -> NodeRecord:
         max_running=spec.get("max_running", 64),
         batch_running=spec.get("batch_running", 0),
         batch_waiting=spec.get("batch_waiting", 0),
+        latency_prompt_tokens=spec.get("latency_tokens", 0),
         draining=spec.get("draining", False),
         deadline_s=NOW + spec.get("deadline", 10.0),
         thermal=thermal,

@@ -340,3 +340,23 @@ def test_running_and_waiting_are_counted_per_class_for_the_heartbeat() -> None:
     step(sched)  # whether chat takes a seat from batch or waits, the counts add up to the totals
     assert sched.running_of(BATCH) + sched.running_of(RT) == sched.num_running
     assert sched.waiting_of(BATCH) + sched.waiting_of(RT) == sched.num_waiting
+
+
+def test_latency_prompt_tokens_count_what_the_latency_classes_still_have_to_prefill() -> None:
+    """The heartbeat's latency_prompt_tokens (the placer's prefix cost rule weighs a cached prefix against
+    it): queued latency prompts whole, admitted ones until their prompt is computed, batch never. A
+    budget of 16 tokens a step: a 40-token chat prompt takes three steps."""
+    sched = scheduler(budget=16, num_blocks=256)
+    sched.add(seq("c", RT, prompt=40))
+    sched.add(seq("b", BATCH, prompt=30))
+    assert sched.latency_prompt_tokens() == 40
+    step(sched)  # 16 of the chat prompt's tokens
+    assert sched.latency_prompt_tokens() == 24
+    sched.add(seq("a", AGENT, prompt=20))
+    assert sched.latency_prompt_tokens() == 44
+    for _ in range(4):
+        step(sched)
+    assert sched.latency_prompt_tokens() == 0  # both prompts computed: decoding is not prefill
+    sched.abort("c")
+    sched.abort("a")
+    assert sched.latency_prompt_tokens() == 0

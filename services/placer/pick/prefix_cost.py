@@ -1,0 +1,65 @@
+"""The prefix cost rule: keep a latency request on the node that holds its prompt's prefix when missing
+that prefix would cost more prefill than the queue it avoids.
+
+The scorers rank nodes by heat, load and where a prefix is; a sum of scores cannot say that a follow-up
+agent call with 3,900 tokens of history cached on one worker should wait behind that worker's queue
+rather than compute all of them again on an idle one. On the local mesh the placer did exactly that
+(the fidelity runs, docs/simulator.md): 12-18 s of prefill where the queue it avoided was a second or
+two. So after ranking, the Picker compares the two in one unit, prompt tokens to compute before this
+request's first token, each node's divided by its clock (a throttled GPU computes them slower):
+
+    cost(node) = (latency_prompt_tokens(node) + prompt - cached(node)) / clock(node)
+
+where latency_prompt_tokens is the latency classes' prefill the node has queued or in flight (the
+heartbeat's figure, plus the placer's own picks since), cached is the remembered prefix's length on the
+prefix node and 0 elsewhere, and clock is sm_clock / sm_clock_max where a GPU sample says so. The
+prefix node wins when its cost is no higher than the ranked winner's. Decode rows are left out (a step
+computes a few of them beside thousands of prompt tokens), as is prefix reuse on other nodes (the memo
+knows only where a prefix was last sent).
+
+Batch is left to the scorers: its prefix score already fades with the node's queue, and what it is
+measured by is throughput, not a first token.
+"""
+
+from __future__ import annotations
+
+from services.common.workload import WorkloadClass
+from services.placer.cluster.snapshot import ClusterSnapshot
+from services.placer.pick.query import PickContext, PickQuery
+
+# The classes whose requests the rule keeps with their prefix: those waiting on a first token.
+PREFIX_COST_CLASSES = frozenset(
+    {WorkloadClass.REALTIME_CHAT, WorkloadClass.AGENT_TOOL, WorkloadClass.UNSPECIFIED}
+)
+
+
+def latency_tokens_of(query: PickQuery) -> int:
+    """Prompt tokens a pick of query adds to its node's latency prefill until the node's next heartbeat:
+    the whole prompt (as the worker counts a queued sequence) for a class the rule serves, else 0."""
+    return query.prompt_estimate() if query.workload_class in PREFIX_COST_CLASSES else 0
+
+
+def prefill_cost(snapshot: ClusterSnapshot, row: int, uncached_tokens: int) -> float:
+    """Prompt tokens the node at row computes before a new latency request's first token, at full clock:
+    its latency prefill pending plus the request's uncached tokens, over its clock fraction."""
+    pending = float(snapshot.latency_prompt_tokens[row]) + uncached_tokens
+    clock_max = snapshot.sm_clock_max_mhz[row]
+    if snapshot.has_thermal[row] and clock_max > 0:
+        # A GPU sampled at clock 0 is stalled, not free: floor the fraction so its cost stays finite.
+        pending /= max(float(snapshot.sm_clock_mhz[row] / clock_max), 0.05)
+    return pending
+
+
+def keep_prefix(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext, chosen: int) -> bool:
+    """Whether the prefix node (context.prefix_row, which the caller has checked passed the filters and
+    is no worse a last resort than chosen, for a class the rule serves) should serve query instead of
+    the ranked winner chosen."""
+    prefix_row = context.prefix_row
+    if prefix_row is None or prefix_row == chosen:
+        return False
+    model = snapshot.models.get(query.model)
+    if model is None or not model.resident[prefix_row]:
+        return False  # evicted since: its KV went with it
+    prompt = max(query.prompt_estimate(), context.prefix_tokens)
+    kept = prefill_cost(snapshot, prefix_row, prompt - context.prefix_tokens)
+    return kept <= prefill_cost(snapshot, chosen, prompt)
