@@ -24,24 +24,17 @@ from services.common.workload import WorkloadClass
 from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.pick import nvml_bits
 from services.placer.pick.filters import DEFAULT_FILTERS, Filter, Rows
+from services.placer.pick.leaders import TIE_TOLERANCE, rank_leaders
 from services.placer.pick.memo import PrefixMemo, TieBreak
 from services.placer.pick.native_rows import NativeRows, is_topology
 from services.placer.pick.prefix_cost import PREFIX_COST_CLASSES, keep_prefix
 from services.placer.pick.query import PickContext, PickQuery
-from services.placer.pick.scorers import (
-    DEFAULT_SCORERS,
-    RequestScorer,
-    RowScorer,
-    Scorer,
-    clamp_scores,
-    topology_at,
-)
+from services.placer.pick.scorers import DEFAULT_SCORERS, RequestScorer, RowScorer, Scorer, clamp_scores
 from services.placer.pick.table import RowTable
 from services.placer.pick.weights import ClassWeights
 
 logger = logging.getLogger(__name__)
 
-TIE_TOLERANCE = 1e-9
 # Classes for which a throttled or nearly throttled GPU is a last resort: those with a latency SLO, plus
 # unclassified requests, which are weighted like agent steps.
 DEFAULT_AVOID_DEGRADED = frozenset(
@@ -69,6 +62,15 @@ class PickResult:
     prefix_kept: bool
     rank_us: float  # bringing the rows up to date, the request's scorers and ordering
     choose_us: float  # the tie-break and the explanation
+
+
+class _Ranking(NamedTuple):
+    """A pick's leading rows, best first, with their totals, and the compiled ranking's topology score
+    per leader (None from the numpy ranking, whose topology scores are in the scorer's buffer)."""
+
+    leaders: np.ndarray
+    totals: np.ndarray
+    topology: np.ndarray | None
 
 
 class _Plan(NamedTuple):
@@ -149,40 +151,34 @@ class Picker:
         written: dict[str, np.ndarray] = {}
         prefix_row, matched = self._prefixes.match(snapshot, query.prefix_chain)
         context = PickContext(prefix_row=prefix_row, prefix_tokens=query.prefix_tokens(matched))
-        topology = None  # the compiled ranking's topology score per leader
         if table.native is not None:
             leader_totals, leaders, ties = table.native.rank(
                 snapshot, query, plan.request,
                 lambda name, scorer: self._request_scores(name, scorer, snapshot, query, context, written),
                 excluded_rows, TIE_TOLERANCE, runners_up,
             )  # fmt: skip
-            topology = table.native.topology
+            ranking = _Ranking(leaders, leader_totals, table.native.topology)
         else:
             totals = self._totals(snapshot, query, plan, table, context, excluded_rows, written)
-            leaders, ties = _leaders(totals, runners_up, considered, 2 * plan.weight_sum + 1.0)
-            leader_totals = totals[leaders]
+            leaders, ties = rank_leaders(totals, runners_up, considered, 2 * plan.weight_sum + 1.0)
+            ranking = _Ranking(leaders, totals[leaders], None)
         ranked = time.perf_counter_ns()
         position = self._tie_break.draw(ties) if ties > 1 else 0
         row = int(leaders[position])
-        prefix_kept = self._prefix_wins(snapshot, query, table, context, row, excluded_rows)
+        prefix_kept = query.workload_class in self._prefix_cost_classes and keep_prefix(
+            snapshot, query, context, row, table, excluded_rows
+        )
         if prefix_kept:
             self.prefix_kept += 1
-            # The prefix node goes first, the ranked leaders after it (itself left out) as its runners-up.
             assert prefix_row is not None
             row, position = prefix_row, 0
-            total = self._total_of(snapshot, query, plan, table, written, topology is not None, row)
-            others = leaders != row
-            leaders = np.concatenate(([row], leaders[others]))
-            leader_totals = np.concatenate(([total], leader_totals[others]))
-            if topology is not None:
-                kept_topology = topology_at(snapshot, query, row)  # the compiled array outlasts its leaders
-                topology = np.concatenate(([kept_topology], topology[: others.size][others]))
+            ranking = self._put_first(row, snapshot, query, plan, table, context, written, ranking)
         node_id = snapshot.node_ids[row]
         assert node_id is not None  # live rows always have an id
         self._prefixes.remember(query.prefix_chain, node_id)
-        others = [i for i in range(min(runners_up + 1, len(leaders))) if i != position]
+        others = [i for i in range(min(runners_up + 1, len(ranking.leaders))) if i != position]
         shown = [position, *others[:runners_up]]
-        candidates = self._explain(snapshot, plan, table, written, leaders, leader_totals, topology, shown)
+        candidates = self._explain(snapshot, plan, table, written, ranking, shown)
         self._clear(written)
         done = time.perf_counter_ns()
         result = PickResult(
@@ -205,48 +201,35 @@ class Picker:
             )  # fmt: skip
         return result
 
-    def _prefix_wins(
+    def _put_first(
         self,
-        snapshot: ClusterSnapshot,
-        query: PickQuery,
-        table: RowTable,
-        context: PickContext,
-        chosen: int,
-        excluded_rows: list[int],
-    ) -> bool:
-        """The prefix cost rule, for a prefix node that passed every filter, is not excluded and is no
-        more a last resort than the ranked winner chosen."""
-        row = context.prefix_row
-        if (
-            row is None
-            or row == chosen
-            or query.workload_class not in self._prefix_cost_classes
-            or not table.passed[row]
-            or row in excluded_rows
-            or table.degraded[row] > table.degraded[chosen]
-        ):
-            return False
-        return keep_prefix(snapshot, query, context, chosen)
-
-    def _total_of(
-        self,
+        row: int,
         snapshot: ClusterSnapshot,
         query: PickQuery,
         plan: _Plan,
         table: RowTable,
+        context: PickContext,
         written: dict[str, np.ndarray],
-        compiled_topology: bool,
-        row: int,
-    ) -> float:
-        """One row's total for this request, as the ranking adds it up (the compiled ranking keeps its
-        topology scores to itself, so compiled_topology recomputes that one)."""
+        ranking: _Ranking,
+    ) -> _Ranking:
+        """ranking with row (a node it did not choose) first and its leaders after it, row left out of
+        them. row's total adds its request scores onto the table's base as the ranking does; the compiled
+        ranking kept its topology scores to itself, so that scorer runs here, once."""
+        compiled = ranking.topology is not None
         total = float(table.base[row])
         for name, scorer, weight in plan.request:
-            if compiled_topology and is_topology(scorer):
-                total += weight * topology_at(snapshot, query, row)
-            elif name in written:
+            if name not in written and compiled and is_topology(scorer):
+                self._request_scores(name, scorer, snapshot, query, context, written)
+            if name in written:
                 total += weight * float(self._buffers[name][row])
-        return total
+        others = ranking.leaders != row
+        topology = None
+        if ranking.topology is not None:
+            kept = [self._buffers[name][row] for name, scorer, _ in plan.request if is_topology(scorer)]
+            # The compiled array outlasts its leaders: cut it to theirs.
+            topology = np.concatenate((kept or [0.0], ranking.topology[: others.size][others]))
+        leaders = np.concatenate(([row], ranking.leaders[others]))
+        return _Ranking(leaders, np.concatenate(([total], ranking.totals[others])), topology)
 
     def _table(self, query: PickQuery, plan: _Plan) -> RowTable:
         key = (query.model, query.workload_class)
@@ -332,17 +315,16 @@ class Picker:
         plan: _Plan,
         table: RowTable,
         written: dict[str, np.ndarray],
-        leaders: np.ndarray,
-        leader_totals: np.ndarray,
-        topology: np.ndarray | None,
+        ranking: _Ranking,
         shown: list[int],
     ) -> list[Candidate]:
-        """The leaders at positions shown, with their totals and scores; topology: the compiled
-        ranking's topology score per leader. Scalar reads per leader: the gateway shows one (explain_top
-        0) on every pick, where gathering arrays cost more than the reads."""
+        """ranking's leaders at positions shown, with their totals and scores. Scalar reads per leader:
+        the gateway shows one (explain_top 0) on every pick, where gathering arrays cost more than the
+        reads."""
         candidates = []
+        topology = ranking.topology
         for position in shown:
-            row = int(leaders[position])
+            row = int(ranking.leaders[position])
             scores = dict(zip(plan.row_names, table.scores[:, row].tolist(), strict=True))
             for name, scorer, _ in plan.request:
                 if topology is not None and is_topology(scorer):
@@ -350,7 +332,7 @@ class Picker:
                 else:
                     scores[name] = float(self._buffers[name][row]) if name in written else 0.0
             ordered = {name: scores[name] for name in plan.names}
-            total = float(leader_totals[position])
+            total = float(ranking.totals[position])
             candidates.append(Candidate(snapshot.node_ids[row] or "", total, ordered))
         return candidates
 
@@ -384,35 +366,3 @@ def _plan_of(weights: ClassWeights, scorers: dict[str, Scorer], workload_class: 
                 row.append((name, scorer, float(weight)))
     weight_sum = sum(w for _, _, w in row) + sum(w for _, _, w in request)
     return _Plan(names, row, request, weight_sum, [name for name, _, _ in row])
-
-
-def _leaders(totals: np.ndarray, runners_up: int, finite: int, spread: float) -> tuple[np.ndarray, int]:
-    """(rows, how many of them tie with the best, within TIE_TOLERANCE). More than runners_up ties: the
-    ties, in row order. Otherwise the best runners_up + 1 rows by total, equal totals in row order (the
-    ties come first).
-
-    finite: how many totals are not -inf (rows that passed); spread: more than any two finite totals can
-    differ. Ties are not sorted: in a cluster of identical idle nodes they can be every candidate. The
-    runners-up come from a band below the best that widens until it holds enough rows, which at fleet
-    scale reads a handful of rows where sorting would read them all.
-    """
-    best = totals.max()
-    ties = np.flatnonzero(totals >= best - TIE_TOLERANCE)
-    if ties.size > runners_up:
-        return ties, int(ties.size)
-    wanted = min(runners_up + 1, finite)
-    band = 0.01
-    near = np.flatnonzero(totals >= best - band)
-    while near.size < wanted and band < 2 * spread:
-        band *= 4
-        near = np.flatnonzero(totals >= best - band)
-    values = -totals[near]
-    if near.size > 4 * wanted:  # a wide band at fleet scale: partition before sorting
-        # Every row as good as the wanted-th stays, so that which of equal rows make it is not left to
-        # the partition's order.
-        kept = values <= np.partition(values, wanted - 1)[wanted - 1]
-        near, values = near[kept], values[kept]
-    # Best first, equal totals in row order (the compiled ranking's order too); ties sort first, as
-    # every other total is lower by more than TIE_TOLERANCE.
-    order = np.lexsort((near, values))
-    return near[order][:wanted], int(ties.size)

@@ -243,7 +243,7 @@ class NativeRows:
         tolerance: float,
         runners_up: int,
     ) -> tuple[np.ndarray, np.ndarray, int]:
-        """(the leaders' totals, the leaders as _leaders returns them, how many tie with the best).
+        """(the leaders' totals, the leaders as rank_leaders returns them, how many tie with the best).
         sparse(name, scorer): a non-topology scorer's (clamped values buffer, rows written or None),
         run by the Picker. Afterwards self.topology[i] is leaders[i]'s topology score."""
         struct = self._request

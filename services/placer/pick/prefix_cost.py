@@ -26,6 +26,7 @@ from __future__ import annotations
 from services.common.workload import WorkloadClass
 from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.pick.query import PickContext, PickQuery
+from services.placer.pick.table import RowTable
 
 # The classes whose requests the rule keeps with their prefix: those waiting on a first token.
 PREFIX_COST_CLASSES = frozenset(
@@ -50,12 +51,25 @@ def prefill_cost(snapshot: ClusterSnapshot, row: int, uncached_tokens: int) -> f
     return pending
 
 
-def keep_prefix(snapshot: ClusterSnapshot, query: PickQuery, context: PickContext, chosen: int) -> bool:
-    """Whether the prefix node (context.prefix_row, which the caller has checked passed the filters and
-    is no worse a last resort than chosen, for a class the rule serves) should serve query instead of
-    the ranked winner chosen."""
+def keep_prefix(
+    snapshot: ClusterSnapshot,
+    query: PickQuery,
+    context: PickContext,
+    chosen: int,
+    table: RowTable,
+    excluded_rows: list[int],
+) -> bool:
+    """Whether the prefix node (context.prefix_row) should serve query, of a class the rule serves,
+    instead of the ranked winner chosen: only a node that passed table's filters, is not excluded and
+    is no more a last resort than chosen is considered."""
     prefix_row = context.prefix_row
-    if prefix_row is None or prefix_row == chosen:
+    if (
+        prefix_row is None
+        or prefix_row == chosen
+        or not table.passed[prefix_row]
+        or prefix_row in excluded_rows
+        or table.degraded[prefix_row] > table.degraded[chosen]
+    ):
         return False
     model = snapshot.models.get(query.model)
     if model is None or not model.resident[prefix_row]:

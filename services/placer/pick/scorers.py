@@ -187,17 +187,6 @@ def topology(
     return written[0] if len(written) == 1 else np.concatenate(written)
 
 
-def topology_at(snapshot: ClusterSnapshot, query: PickQuery, row: int) -> float:
-    """topology's value at one row, for a row the ranking did not score."""
-    zone, rack, host = topology_keys(query.caller_zone, query.caller_rack, query.caller_host)
-    levels = ((host, snapshot.host, 1.0), (rack, snapshot.rack, 0.7), (zone, snapshot.zone, 0.4))
-    for label, column, value in levels:  # closest first: the first match is the max
-        code = snapshot.known_code(label)
-        if code != UNKNOWN_CODE and column[row] == code:
-            return value
-    return 0.0
-
-
 def prefix_affinity(
     snapshot: ClusterSnapshot,
     query: PickQuery,

@@ -25,7 +25,6 @@ from __future__ import annotations
 import bisect
 import itertools
 import time
-from collections import Counter
 
 from services.common.workload import WorkloadClass
 from services.worker.engine.block_manager import BlockManager
@@ -35,6 +34,7 @@ from services.worker.engine.scheduled_batch import ScheduledBatch
 from services.worker.engine.scheduler_config import SchedulerConfig
 from services.worker.engine.sequence import FinishReason, Sequence, SequenceStatus
 from services.worker.engine.stopping import check_stop
+from services.worker.engine.waiting_counts import WaitingCounts
 
 
 class Scheduler:
@@ -49,9 +49,7 @@ class Scheduler:
         self.block_manager = block_manager
         self.policy = make_policy(config.policy, config.max_num_batched_tokens)
         self._waiting = self.policy.new_queue()
-        self._waiting_by_class: Counter[WorkloadClass] = Counter()
-        self._waiting_tokens = 0  # prompt tokens queued, for retry hints
-        self._waiting_batch_tokens = 0  # of those, the BATCH class's
+        self._counts = WaitingCounts()
         self._running: list[Sequence] = []  # sorted by policy.running_key; preemption takes from the back
         self._by_id: dict[str, Sequence] = {}  # every unfinished sequence
         self._admits = itertools.count(1)
@@ -108,7 +106,7 @@ class Scheduler:
 
     def waiting_of(self, workload: WorkloadClass) -> int:
         """Sequences of one workload class queued for (re-)admission."""
-        return self._waiting_by_class[workload]
+        return self._counts.by_class[workload]
 
     def latency_prompt_tokens(self) -> int:
         """Prompt tokens not yet computed of every class's sequences but BATCH's, queued or admitted:
@@ -121,7 +119,7 @@ class Scheduler:
             for seq in self._running
             if seq.num_computed_tokens < seq.num_prompt_tokens and seq.hints.workload is not batch
         )
-        return admitted + self._waiting_tokens - self._waiting_batch_tokens
+        return admitted + self._counts.tokens - self._counts.batch_tokens
 
     def add(self, seq: Sequence) -> None:
         """Queue a WAITING sequence; InvalidRequestError if it can never fit, AdmissionError if its
@@ -138,7 +136,7 @@ class Scheduler:
             )
         seq.priority = self.policy.priority_of(seq)
         self.policy.check_queue_room(
-            seq, len(self._waiting), self._waiting_by_class[seq.hints.workload], self._waiting_tokens
+            seq, len(self._waiting), self._counts.by_class[seq.hints.workload], self._counts.tokens
         )
         self._by_id[seq.request_id] = seq
         self._enqueue(seq)
@@ -157,7 +155,7 @@ class Scheduler:
             return
         if seq.status is SequenceStatus.WAITING:
             self._waiting.remove(seq)
-            self._count_out(seq)
+            self._counts.left(seq)
         else:
             self._running.remove(seq)
         self._release(seq, reason)
@@ -216,7 +214,7 @@ class Scheduler:
             n, _ = self._admit(head, batch, budget, held, held, 0)
             if n == 0:
                 break
-            self._count_out(self._waiting.pop())
+            self._counts.left(self._waiting.pop())
             self._start_running(head, now)
             bisect.insort(self._running, head, key=policy.running_key)
             batch.add(head, n)
@@ -286,7 +284,7 @@ class Scheduler:
                 if n == 0:
                     can_admit = False  # head-of-line: never skip ahead of the queue's order
                     continue
-                self._count_out(waiting.pop())
+                self._counts.left(waiting.pop())
                 self._start_running(head, now)
                 new.append(head)
                 batch.add(head, n)
@@ -368,33 +366,19 @@ class Scheduler:
         for seq, timeout in expired:
             del self._by_id[seq.request_id]
             self._waiting.remove(seq)
-            self._count_out(seq)
+            self._counts.left(seq)
             self._release(seq, FinishReason.ABORT)
             error = AdmissionError(
                 f"not scheduled within the {seq.hints.workload.name} queue timeout of {timeout:g} s "
                 f"({self.num_waiting} requests waiting)",
-                retry_after_s=policy.retry_after(self._waiting_tokens),
+                retry_after_s=policy.retry_after(self._counts.tokens),
                 reason=AdmissionError.QUEUE_TIMEOUT,
             )
             batch.rejected.append((seq, error))
 
     def _enqueue(self, seq: Sequence) -> None:
         self._waiting.push(seq)
-        self._count_in(seq)
-
-    def _count_in(self, seq: Sequence) -> None:
-        """Account for seq having joined the waiting queue."""
-        self._waiting_by_class[seq.hints.workload] += 1
-        self._waiting_tokens += seq.num_tokens
-        if seq.hints.workload is WorkloadClass.BATCH:
-            self._waiting_batch_tokens += seq.num_tokens
-
-    def _count_out(self, seq: Sequence) -> None:
-        """Account for seq having left the waiting queue."""
-        self._waiting_by_class[seq.hints.workload] -= 1
-        self._waiting_tokens -= seq.num_tokens
-        if seq.hints.workload is WorkloadClass.BATCH:
-            self._waiting_batch_tokens -= seq.num_tokens
+        self._counts.joined(seq)
 
     def _preempt(self, seq: Sequence) -> None:
         """Drop seq's blocks and requeue it to recompute (prefix caching makes that cheap)."""
@@ -403,7 +387,7 @@ class Scheduler:
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self._waiting.requeue(seq)
-        self._count_in(seq)
+        self._counts.joined(seq)
 
     def _release(self, seq: Sequence, reason: FinishReason) -> None:
         """Mark seq finished with reason and give its blocks back."""
