@@ -100,6 +100,14 @@ class Admission(ModelLifecycle):
         self.prefilling.insert(at, request)
         return request
 
+    def _queued(self, request: Request) -> None:
+        """request joined its queue: what the prefix cache holds of it, for the heartbeat's latency
+        prefill (the worker's WaitingCounts looks a latency sequence up as it joins; batch is not)."""
+        if request.priority < 2:
+            hit = self.cache.longest(request.conversation, request.tools)
+            tokens = request.prompt + request.generated
+            request.queued_cached = usable_hit(hit, tokens, self.profile.block_tokens)
+
     def _expire(self, now: float) -> None:
         """Refuse the waiting requests never scheduled by their queue timeout (the worker's scheduler,
         _expire) and hand each to on_refused. A preempted one already streamed tokens: it resumes, never
@@ -180,6 +188,7 @@ class Admission(ModelLifecycle):
         self.waiting[request.priority].appendleft(request)
         self.num_waiting += 1
         self.cache.remember(request.conversation, held, int(self.kv_capacity - self.kv_used))
+        self._queued(request)
 
     def _sync_kv(self) -> None:
         """kv_used from its parts (the fluid's increments drift by rounding)."""

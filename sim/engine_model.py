@@ -129,6 +129,7 @@ class GpuEngine(EncoderPath):
         request.expires_s = now + QUEUE_TIMEOUT_S[request.workload]
         self.waiting[request.priority].append(request)
         self.num_waiting += 1
+        self._queued(request)
         if self.mode == IDLE:
             self._at(now)
         elif self.mode == DECODE:
@@ -230,9 +231,10 @@ class GpuEngine(EncoderPath):
         self.t = now
 
     def latency_prompt_tokens(self) -> int:
-        """Prompt tokens of the latency classes not yet computed, queued (whole, as the worker counts a
-        queued sequence) or admitted: the heartbeat's figure (Scheduler.latency_prompt_tokens)."""
-        queued = sum(r.prompt + r.generated for p in (0, 1) for r in self.waiting[p])
+        """Prompt tokens of the latency classes not yet computed, queued (less what the prefix cache held
+        of them as they joined, as the worker counts) or admitted: the heartbeat's figure
+        (Scheduler.latency_prompt_tokens)."""
+        queued = sum(r.prompt + r.generated - r.queued_cached for p in (0, 1) for r in self.waiting[p])
         return queued + sum(r.to_prefill for r in self.prefilling if r.priority < 2)
 
     def kv_usage(self) -> float:

@@ -28,7 +28,7 @@ from services.placer.pick.framework import Picker
 from services.placer.pick.query import PickContext, PickQuery
 from services.placer.pick.scorers import DEFAULT_SCORERS, RequestScorer
 from services.placer.pick.weights import ClassWeights
-from sim.policies import Policy
+from sim.policies import Choice, Policy
 
 RESIZE_S = 5.0  # the placer's planning interval
 START_SHARE = 0.05  # of the model's nodes, reserved before any heartbeat says how much is needed
@@ -124,13 +124,13 @@ def ours_reserve(seed: int, weights: ClassWeights, reserve: LatencyReserve) -> P
     scorers = {**DEFAULT_SCORERS, "reserve": RequestScorer(reserve.score)}
     picker = Picker(weights, scorers=scorers, rng=np.random.default_rng([seed, 20]))
 
-    def choose(state: ClusterState, query: PickQuery) -> str | None:
+    def choose(state: ClusterState, query: PickQuery) -> Choice | None:
         reserve.update(state.snapshot, query.now_s)
         result = None
         if query.workload_class == WorkloadClass.BATCH and query.model == reserve.model and reserve.ids:
             result = picker.pick(state.snapshot, replace(query, exclude=query.exclude | reserve.ids))
         if result is None:
             result = picker.pick(state.snapshot, query)
-        return None if result is None else result.node_id
+        return None if result is None else Choice(result.node_id, result.cached_tokens)
 
     return choose

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import MappingProxyType
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,10 +30,19 @@ from services.placer.pick.scorers import RequestScorer
 from services.placer.pick.table import RowTable
 from services.placer.pick.weights import ClassWeights
 
-# A policy: (state, query) -> the chosen node's id, or None when no node can take it. The simulation
-# expires nodes past their deadline before and records the pick in the state after (ClusterState.expire
-# and record_pick), as PlacerReplica.choose does, for every policy.
-Policy = Callable[[ClusterState, PickQuery], str | None]
+
+class Choice(NamedTuple):
+    """A policy's decision: the chosen node, and the tokens of the prompt's remembered prefix it holds as
+    the policy's prefix memo knows them (PickResult.cached_tokens; 0 for a policy without a memo)."""
+
+    node_id: str
+    cached_tokens: int = 0
+
+
+# A policy: (state, query) -> its Choice, or None when no node can take it. The simulation expires
+# nodes past their deadline before and records the pick in the state after (ClusterState.expire and
+# record_pick), as PlacerReplica.choose does, for every policy.
+Policy = Callable[[ClusterState, PickQuery], Choice | None]
 
 _PREFIX_CAPACITY = 100_000  # prefix + load's memo of prefix -> node, the Picker's default
 
@@ -73,9 +83,9 @@ def _uniform(weights: dict[str, float]) -> ClassWeights:
 
 
 def picker_policy(picker: Picker) -> Policy:
-    def choose(state: ClusterState, query: PickQuery) -> str | None:
+    def choose(state: ClusterState, query: PickQuery) -> Choice | None:
         result = picker.pick(state.snapshot, query)
-        return None if result is None else result.node_id
+        return None if result is None else Choice(result.node_id, result.cached_tokens)
 
     return choose
 
@@ -159,7 +169,7 @@ class _PrefixLoad:
         self._prefixes = PrefixMemo(_PREFIX_CAPACITY)
         self._candidates = _Candidates()
 
-    def __call__(self, state: ClusterState, query: PickQuery) -> str | None:
+    def __call__(self, state: ClusterState, query: PickQuery) -> Choice | None:
         snapshot = state.snapshot
         if snapshot.num_rows == 0 or query.model not in snapshot.models:
             return None
@@ -169,10 +179,9 @@ class _PrefixLoad:
             rows = rows[~np.isin(rows, excluded)]
         if not rows.size:
             return None
-        row = self._prefixes.row(snapshot, query.prefix_chain)
-        if row is not None and not _holds(rows, row):  # the prefix's node cannot take it
-            row = None
-        if row is None:
+        prefix_row, depth = self._prefixes.match(snapshot, query.prefix_chain)
+        row = prefix_row if prefix_row is not None and _holds(rows, prefix_row) else None
+        if row is None:  # no prefix remembered, or its node cannot take it
             waiting = snapshot.column("waiting")
             low, high = float(waiting.min(initial=0.0)), float(waiting.max(initial=0.0))
             ties = rows
@@ -183,7 +192,14 @@ class _PrefixLoad:
         node_id = snapshot.node_ids[row]
         assert node_id is not None  # a candidate is a live row
         self._prefixes.remember(query.prefix_chain, node_id)
-        return node_id
+        return Choice(node_id, query.prefix_tokens(depth) if row == prefix_row else 0)
+
+
+def _choice(snapshot: ClusterSnapshot, row: int) -> Choice:
+    """The node at a candidate row, chosen by a policy without a prefix memo."""
+    node_id = snapshot.node_ids[row]
+    assert node_id is not None  # a candidate is a live row
+    return Choice(node_id)
 
 
 def _holds(rows: np.ndarray, row: int) -> bool:
@@ -200,9 +216,9 @@ def random_choice(seed: int) -> Policy:
     rng = np.random.default_rng([seed, 23])
     _candidates = _Candidates()
 
-    def choose(state: ClusterState, query: PickQuery) -> str | None:
+    def choose(state: ClusterState, query: PickQuery) -> Choice | None:
         rows = _candidates(state, query)
-        return state.snapshot.node_ids[int(rows[rng.integers(rows.size)])] if rows.size else None
+        return _choice(state.snapshot, int(rows[rng.integers(rows.size)])) if rows.size else None
 
     return choose
 
@@ -211,13 +227,13 @@ def round_robin(seed: int) -> Policy:
     turns: dict[str, int] = {}
     _candidates = _Candidates()
 
-    def choose(state: ClusterState, query: PickQuery) -> str | None:
+    def choose(state: ClusterState, query: PickQuery) -> Choice | None:
         rows = _candidates(state, query)
         if not rows.size:
             return None
         turn = turns.get(query.model, 0)
         turns[query.model] = turn + 1
-        return state.snapshot.node_ids[int(rows[turn % rows.size])]
+        return _choice(state.snapshot, int(rows[turn % rows.size]))
 
     return choose
 
@@ -226,14 +242,14 @@ def power_of_two(seed: int) -> Policy:
     rng = np.random.default_rng([seed, 24])
     _candidates = _Candidates()
 
-    def choose(state: ClusterState, query: PickQuery) -> str | None:
+    def choose(state: ClusterState, query: PickQuery) -> Choice | None:
         rows = _candidates(state, query)
         if not rows.size:
             return None
         a, b = (int(r) for r in rows[rng.integers(rows.size, size=2)])
         s = state.snapshot
         a_load, b_load = s.running[a] + s.waiting[a], s.running[b] + s.waiting[b]
-        return s.node_ids[a if a_load <= b_load else b]
+        return _choice(s, a if a_load <= b_load else b)
 
     return choose
 

@@ -56,6 +56,7 @@ class Request:
         "prefix_ends",
         "priority",
         "prompt",
+        "queued_cached",
         "to_prefill",
         "tools",
         "tools_tokens",
@@ -105,6 +106,9 @@ class Request:
         self.admit_no = 0
         self.join_counter = 0.0
         self.preemptions = 0
+        # Of its prompt (and what it streamed), the tokens its engine's prefix cache held when it last
+        # joined the queue: what the worker's heartbeat leaves out of a queued latency prompt.
+        self.queued_cached = 0
         # The gateway's side: workers picked so far, those that failed it (excluded from the next pick),
         # and when the worker now holding it refuses it if it was never scheduled (queue timeout).
         self.attempts = 0

@@ -226,15 +226,16 @@ class Simulation:
             request.attempts += 1
             started = time.perf_counter()
             self.state.expire()
-            node_id = self.choose(self.state, query)
+            choice = self.choose(self.state, query)
             self.pick_s += time.perf_counter() - started
             self.picks += 1
-            if node_id is None:
+            if choice is None:
                 break
             if self.planner is not None:
                 self.planner.record_pick(request)
+            node_id = choice.node_id
             row = self.state.snapshot.row_of[node_id]
-            self.state.record_pick(row, request.workload, latency_tokens_of(query))
+            self.state.record_pick(row, request.workload, latency_tokens_of(query, choice.cached_tokens))
             g = self.index_of[node_id]
             engine = self.engines[g]
             if engine.serves(request.model):

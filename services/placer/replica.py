@@ -137,7 +137,7 @@ class PlacerReplica:
                 raise NotFound(f"model {query.model!r} is not served by any worker in the cluster")
             raise Unavailable(f"no healthy worker can take model {query.model!r} now; retry shortly")
         self.metrics.decided(query.workload_class, self._weights[query.workload_class], result)
-        view.record_pick(result.row, query.workload_class, latency_tokens_of(query))
+        view.record_pick(result.row, query.workload_class, latency_tokens_of(query, result.cached_tokens))
         return result
 
     def list_nodes(self, node_ids: list[str]) -> placer_pb2.ListNodesReply:

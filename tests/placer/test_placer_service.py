@@ -105,19 +105,21 @@ async def test_an_agent_call_stays_with_its_history_unless_the_queue_there_costs
 ) -> None:
     """The prefix cost rule over gRPC, fed by heartbeats through Redis: a busy worker holding a session's
     3,900 cached tokens keeps its next call while its latency prefill is short, and loses it once the
-    queue there costs more than computing the whole prompt on the idle worker."""
+    queue there costs more than computing the whole prompt on the idle worker. Until the next heartbeat
+    the placer counts a kept call's uncached tokens only, as the worker will count it, so the session's
+    call after it stays too."""
     agent = common_pb2.WORKLOAD_CLASS_AGENT_TOOL
 
     def call(*chain: int) -> placer_pb2.PickRequest:
         request = pick_request(cls=agent)
         request.prefix_chain.extend(chain)
-        request.prefix_chain_tokens.extend([2_000, 3_900, 4_000, 4_100][: len(chain)])
+        request.prefix_chain_tokens.extend([2_000, 3_900, 4_000, 4_100, 4_200][: len(chain)])
         return request
 
     async with running_placer(redis_server.url) as app:
         channel, stub = placer_stub(app.address)
         async with channel:
-            busy = node_report("holder", running=40, kv_usage=0.6)
+            busy = node_report("holder", running=24, kv_usage=0.6)
             busy.load.latency_prompt_tokens = 500
             await stub.Heartbeat(busy)
             await stub.Heartbeat(node_report("idle"))
@@ -130,9 +132,11 @@ async def test_an_agent_call_stays_with_its_history_unless_the_queue_there_costs
             assert [c.node_id for c in kept.candidates][:2] == ["holder", "idle"]  # the ranked winner second
             labels = {"workload_class": "AGENT_TOOL", "scorer": "prefix_cost"}
             assert app.metrics.registry.get_sample_value("hanzo_placer_decisions_total", labels) == 1
+            # 500 + the kept call's 100 + this one's 100 there, against 4,100 on the idle worker.
+            assert (await stub.Pick(call(1, 2, 3, 4))).node_id == "holder"
             busy.load.latency_prompt_tokens = 10_000
             await stub.Heartbeat(busy)
-            assert (await stub.Pick(call(1, 2, 3, 4))).node_id == "idle"
+            assert (await stub.Pick(call(1, 2, 3, 4, 5))).node_id == "idle"
 
 
 @pytest.mark.parametrize(

@@ -10,9 +10,14 @@ import pytest
 from services.common.workload import WorkloadClass
 from services.placer.cluster.state import ClusterState
 from sim.latency_reserve import RESIZE_S, START_SHARE, LatencyReserve, ours_reserve, reserve_weights
+from sim.policies import Choice
 from tests.placer.pick.helpers import MODEL, NOW, query, snapshot_of
 
 SEATS = 10.0
+
+
+def _node(choice: Choice | None) -> str | None:
+    return None if choice is None else choice.node_id
 
 
 def _fleet(n: int, batch: list[int] | None = None, latency: list[int] | None = None) -> ClusterState:
@@ -82,13 +87,13 @@ def test_batch_goes_around_the_reserve_and_latency_work_onto_it() -> None:
     choose = ours_reserve(0, reserve_weights({}), reserve)
     for k in range(30):
         now = NOW + k * 1e-3
-        assert choose(state, query(WorkloadClass.BATCH, now_s=now)) not in reserve.ids
-        assert choose(state, query(WorkloadClass.REALTIME_CHAT, now_s=now)) in reserve.ids
+        assert _node(choose(state, query(WorkloadClass.BATCH, now_s=now))) not in reserve.ids
+        assert _node(choose(state, query(WorkloadClass.REALTIME_CHAT, now_s=now))) in reserve.ids
     assert reserve.ids == {"n2", "n4"}
     # Where nothing but the reserve can take it, batch still goes there rather than nowhere.
     others = frozenset(f"n{i}" for i in range(6)) - reserve.ids
     only_reserve = replace(query(WorkloadClass.BATCH, now_s=NOW), exclude=others)
-    assert choose(state, only_reserve) in reserve.ids
+    assert _node(choose(state, only_reserve)) in reserve.ids
 
 
 def test_the_weights_add_the_reserve_for_the_latency_classes_only() -> None:

@@ -17,8 +17,8 @@ CHAT, AGENT, BATCH = WorkloadClass.REALTIME_CHAT, WorkloadClass.AGENT_TOOL, Work
 
 
 def test_an_engine_reports_the_latency_prefill_it_has_left() -> None:
-    """Queued latency prompts count whole, admitted ones what their steps have not computed, batch never
-    (the worker's Scheduler.latency_prompt_tokens)."""
+    """Queued latency prompts count what the prefix cache does not hold of them (nothing here), admitted
+    ones what their steps have not computed, batch never (the worker's Scheduler.latency_prompt_tokens)."""
     loop = Loop()
     engine = loop.engine
     engine.enqueue(request(0.0, prompt=3000, output=4), 0.0)  # over the 2,048-token budget: two steps
@@ -31,6 +31,23 @@ def test_an_engine_reports_the_latency_prefill_it_has_left() -> None:
     assert engine.latency_prompt_tokens() == 3700 - 2048
     loop.run_until(60.0)
     assert engine.latency_prompt_tokens() == 0 and len(loop.done) == 3
+
+
+def test_a_queued_follow_up_counts_only_what_its_engine_has_not_cached() -> None:
+    """An agent session's next call queued where its history is cached counts its new tokens, as the
+    worker's queue does (WaitingCounts looks each latency sequence up as it joins): the same tokens the
+    engine skips at admission."""
+    loop = Loop()
+    engine = loop.engine
+    engine.enqueue(request(0.0, prompt=1000, output=4, workload=AGENT, conversation=5), 0.0)
+    loop.run_until(60.0)
+    follow_up = request(60.0, prompt=1600, output=4, workload=AGENT, conversation=5)
+    engine.enqueue(follow_up, 60.0)
+    engine.enqueue(request(60.0, prompt=300, output=4, workload=BATCH, conversation=6), 60.0)
+    queued = engine.latency_prompt_tokens()
+    loop.next()  # admitted: its hit is known
+    assert follow_up.cached >= 992  # the first call's whole blocks
+    assert queued == 1600 - follow_up.cached
 
 
 def test_chain_ends_follow_what_the_placer_was_sent() -> None:

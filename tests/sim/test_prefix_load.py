@@ -14,7 +14,7 @@ from services.placer.cluster.state import ClusterState
 from services.placer.pick.query import PickQuery
 from sim.config import SimConfig, WorkloadConfig
 from sim.fleet import FleetLayout
-from sim.policies import prefix_load, prefix_load_picker
+from sim.policies import Choice, prefix_load, prefix_load_picker
 from sim.sharegpt import conversations
 from sim.simulation import Simulation
 from tests.placer.pick.churn import CLASSES, random_spec, random_write
@@ -51,7 +51,7 @@ def test_the_same_node_as_the_picker_on_every_pick_of_a_run() -> None:
     choose = sim.choose
     picks = 0
 
-    def both(state: ClusterState, q: PickQuery) -> str | None:
+    def both(state: ClusterState, q: PickQuery) -> Choice | None:
         nonlocal picks
         chosen = choose(state, q)
         assert chosen == reference(state, q), f"pick {picks}"

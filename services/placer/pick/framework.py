@@ -60,6 +60,9 @@ class PickResult:
     # The prefix cost rule (prefix_cost.py) chose the node holding the prompt's prefix over the ranked
     # winner, which is then the first runner-up.
     prefix_kept: bool
+    # Tokens of the prompt's remembered prefix the chosen node holds (0 where the memo points elsewhere):
+    # what the node will not compute again, so what its latency prefill grows by is the rest.
+    cached_tokens: int
     rank_us: float  # bringing the rows up to date, the request's scorers and ordering
     choose_us: float  # the tie-break and the explanation
 
@@ -190,6 +193,7 @@ class Picker:
             candidates=candidates,
             last_resort=bool(table.degraded[row]),
             prefix_kept=prefix_kept,
+            cached_tokens=context.prefix_tokens if row == prefix_row else 0,
             rank_us=(ranked - start) / 1e3,
             choose_us=(done - ranked) / 1e3,
         )

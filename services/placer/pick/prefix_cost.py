@@ -17,6 +17,16 @@ prefix node wins when its cost is no higher than the ranked winner's. Decode row
 computes a few of them beside thousands of prompt tokens), as is prefix reuse on other nodes (the memo
 knows only where a prefix was last sent).
 
+The comparison is of prefill alone, so it cannot see what piling a node's sessions onto it costs their
+tokens after the first: every kept call's prompt chunks stall that node's decodes, and on the fleet
+simulation a rule free to keep every later agent call home (9,684 of them in 10 minutes) cost agent
+attainment 0.93 -> 0.84, nearly all in time per token (docs/simulator.md). So, as SGLang's cache-aware
+router does, the prefix is not followed where the load is out of balance: when the prefix node holds
+more than IMBALANCE_REQUESTS requests more than the ranked winner and more than IMBALANCE_RATIO times
+its requests (SGLang's defaults, balance_abs_threshold 32 and balance_rel_threshold 1.0001), the ranked
+winner serves. Requests count running and queued, as SGLang's do: queued batch is served after the
+latency classes, but it takes the seats they free and decodes beside them.
+
 Batch is left to the scorers: its prefix score already fades with the node's queue, and what it is
 measured by is throughput, not a first token.
 """
@@ -32,12 +42,20 @@ from services.placer.pick.table import RowTable
 PREFIX_COST_CLASSES = frozenset(
     {WorkloadClass.REALTIME_CHAT, WorkloadClass.AGENT_TOOL, WorkloadClass.UNSPECIFIED}
 )
+# Out of balance, the prefix is not followed (SGLang router's balance_abs_threshold and
+# balance_rel_threshold defaults): more requests than this more than the ranked winner ...
+IMBALANCE_REQUESTS = 32
+# ... and more than this times its requests.
+IMBALANCE_RATIO = 1.0001
 
 
-def latency_tokens_of(query: PickQuery) -> int:
-    """Prompt tokens a pick of query adds to its node's latency prefill until the node's next heartbeat:
-    the whole prompt (as the worker counts a queued sequence) for a class the rule serves, else 0."""
-    return query.prompt_estimate() if query.workload_class in PREFIX_COST_CLASSES else 0
+def latency_tokens_of(query: PickQuery, cached_tokens: int = 0) -> int:
+    """Prompt tokens a pick of query adds to its node's latency prefill until the node's next heartbeat,
+    for a class the rule serves (else 0): the prompt less the cached_tokens of its prefix the node holds
+    (PickResult.cached_tokens), as the worker counts a queued sequence less its cached prefix."""
+    if query.workload_class not in PREFIX_COST_CLASSES:
+        return 0
+    return max(query.prompt_estimate() - cached_tokens, 0)
 
 
 def prefill_cost(snapshot: ClusterSnapshot, row: int, uncached_tokens: int) -> float:
@@ -74,6 +92,16 @@ def keep_prefix(
     model = snapshot.models.get(query.model)
     if model is None or not model.resident[prefix_row]:
         return False  # evicted since: its KV went with it
+    if out_of_balance(snapshot, prefix_row, chosen):
+        return False
     prompt = max(query.prompt_estimate(), context.prefix_tokens)
     kept = prefill_cost(snapshot, prefix_row, prompt - context.prefix_tokens)
     return kept <= prefill_cost(snapshot, chosen, prompt)
+
+
+def out_of_balance(snapshot: ClusterSnapshot, prefix_row: int, chosen: int) -> bool:
+    """Whether the prefix node holds so many more requests (running and queued) than the ranked winner
+    that following the prefix would pile work onto it."""
+    held = float(snapshot.running[prefix_row] + snapshot.waiting[prefix_row])
+    winner = float(snapshot.running[chosen] + snapshot.waiting[chosen])
+    return held - winner > IMBALANCE_REQUESTS and held > IMBALANCE_RATIO * winner

@@ -117,6 +117,32 @@ class BlockManager:
         """
         if not self.enable_prefix_caching:
             return 0
+        hashes, blocks = self._longest_cached(seq)
+        refcount = self._refcount
+        for block in blocks:
+            if refcount[block] == 0:
+                del self._evictable[block]
+                self._num_used += 1
+            refcount[block] += 1
+        num_hit = len(blocks) * self.block_size
+        seq.block_table.extend(blocks)
+        seq.block_hashes = hashes
+        seq.num_computed_tokens = num_hit
+        seq.num_cached_tokens = num_hit
+        self.prefix_query_tokens += seq.num_tokens
+        self.prefix_hit_tokens += num_hit
+        return num_hit
+
+    def cached_prefix_tokens(self, seq: Sequence) -> int:
+        """The tokens `admit` would attach to seq now, touching nothing (no refcount, order or statistics):
+        an estimate for a queued sequence, whose blocks may be evicted before it is admitted."""
+        if not self.enable_prefix_caching:
+            return 0
+        return len(self._longest_cached(seq)[1]) * self.block_size
+
+    def _longest_cached(self, seq: Sequence) -> tuple[list[int], list[int]]:
+        """The hashes and block ids of seq's longest cached prefix of whole blocks within its first
+        num_tokens - 1 tokens."""
         token_ids = seq.token_ids
         bs = self.block_size
         cache = self._cache
@@ -133,20 +159,7 @@ class BlockManager:
             hashes.append(h)
             blocks.append(block)
             parent = h
-        refcount = self._refcount
-        for block in blocks:
-            if refcount[block] == 0:
-                del self._evictable[block]
-                self._num_used += 1
-            refcount[block] += 1
-        num_hit = len(blocks) * bs
-        seq.block_table.extend(blocks)
-        seq.block_hashes = hashes
-        seq.num_computed_tokens = num_hit
-        seq.num_cached_tokens = num_hit
-        self.prefix_query_tokens += seq.num_tokens
-        self.prefix_hit_tokens += num_hit
-        return num_hit
+        return hashes, blocks
 
     def unadmit(self, seq: Sequence) -> None:
         """Undo `admit` (blocks, progress, statistics); only valid before any allocate for seq succeeded."""

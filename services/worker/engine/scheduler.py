@@ -49,7 +49,7 @@ class Scheduler:
         self.block_manager = block_manager
         self.policy = make_policy(config.policy, config.max_num_batched_tokens)
         self._waiting = self.policy.new_queue()
-        self._counts = WaitingCounts()
+        self._counts = WaitingCounts(block_manager)
         self._running: list[Sequence] = []  # sorted by policy.running_key; preemption takes from the back
         self._by_id: dict[str, Sequence] = {}  # every unfinished sequence
         self._admits = itertools.count(1)
@@ -111,15 +111,16 @@ class Scheduler:
     def latency_prompt_tokens(self) -> int:
         """Prompt tokens not yet computed of every class's sequences but BATCH's, queued or admitted:
         the prefill a new latency request waits behind, since the policy serves the latency classes
-        ahead of batch (the heartbeat reports it to the placer). A queued sequence counts whole (its
-        prefix hits are known only at admission); the running list holds at most max_num_seqs."""
+        ahead of batch (the heartbeat reports it to the placer). A queued sequence counts what the
+        prefix cache did not hold of it when it joined (its hits are final only at admission); the
+        running list holds at most max_num_seqs."""
         batch = WorkloadClass.BATCH
         admitted = sum(
             seq.num_tokens - seq.num_computed_tokens
             for seq in self._running
             if seq.num_computed_tokens < seq.num_prompt_tokens and seq.hints.workload is not batch
         )
-        return admitted + self._counts.tokens - self._counts.batch_tokens
+        return admitted + self._counts.latency_uncached
 
     def add(self, seq: Sequence) -> None:
         """Queue a WAITING sequence; InvalidRequestError if it can never fit, AdmissionError if its

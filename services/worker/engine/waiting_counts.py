@@ -7,23 +7,33 @@ from __future__ import annotations
 from collections import Counter
 
 from services.common.workload import WorkloadClass
+from services.worker.engine.block_manager import BlockManager
 from services.worker.engine.sequence import Sequence
 
 
 class WaitingCounts:
-    def __init__(self) -> None:
+    def __init__(self, block_manager: BlockManager) -> None:
+        self._block_manager = block_manager
         self.by_class: Counter[WorkloadClass] = Counter()
         self.tokens = 0  # prompt tokens queued (a sequence's whole: its prefix hits come at admission)
-        self.batch_tokens = 0  # of those, the BATCH class's
+        # Of the latency classes' (all but BATCH's) queued tokens, those the prefix cache did not hold
+        # when each sequence joined: the prefill a new latency request would wait behind. Kept per
+        # sequence, so that one leaving takes away what it brought, whatever the cache holds by then.
+        self.latency_uncached = 0
+        self._uncached: dict[str, int] = {}
 
     def joined(self, seq: Sequence) -> None:
         self.by_class[seq.hints.workload] += 1
         self.tokens += seq.num_tokens
-        if seq.hints.workload is WorkloadClass.BATCH:
-            self.batch_tokens += seq.num_tokens
+        if seq.hints.workload is not WorkloadClass.BATCH:
+            # One hash per block, as admission does again: cheap beside the prompt's prefill, and a
+            # batch queue, which can hold thousands, is never looked up.
+            uncached = seq.num_tokens - self._block_manager.cached_prefix_tokens(seq)
+            self._uncached[seq.request_id] = uncached
+            self.latency_uncached += uncached
 
     def left(self, seq: Sequence) -> None:
         self.by_class[seq.hints.workload] -= 1
         self.tokens -= seq.num_tokens
-        if seq.hints.workload is WorkloadClass.BATCH:
-            self.batch_tokens -= seq.num_tokens
+        if seq.hints.workload is not WorkloadClass.BATCH:
+            self.latency_uncached -= self._uncached.pop(seq.request_id)

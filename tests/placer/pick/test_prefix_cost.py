@@ -48,15 +48,16 @@ def _next_call(
 @pytest.mark.parametrize("compiled", [True, False])
 def test_a_long_history_stays_where_it_is_cached_behind_a_short_queue(compiled: bool) -> None:
     # Busy enough that load alone ranks the idle node first.
-    result = _next_call({"running": 40, "kv": 0.6, "latency_tokens": 500}, compiled)
+    result = _next_call({"running": 24, "kv": 0.6, "latency_tokens": 500}, compiled)
     assert result.node_id == "holder" and result.prefix_kept
+    assert result.cached_tokens == 3_900  # the first call's prompt: what the placer counts it will skip
     chosen, ranked_winner = result.candidates[0], result.candidates[1]
     assert ranked_winner.node_id == "idle" and ranked_winner.total > chosen.total
     assert chosen.scores["prefix_affinity"] == 1.0
 
 
 def test_the_kept_node_is_explained_the_same_compiled_or_not() -> None:
-    holder = {"running": 40, "kv": 0.6, "latency_tokens": 500, "zone": "z1", "rack": "r1"}
+    holder = {"running": 24, "kv": 0.6, "latency_tokens": 500, "zone": "z1", "rack": "r1"}
     compiled = _next_call(holder, True, caller_zone="z1")
     plain = _next_call(holder, False, caller_zone="z1")
     assert compiled.candidates == plain.candidates
@@ -65,7 +66,15 @@ def test_the_kept_node_is_explained_the_same_compiled_or_not() -> None:
 
 def test_caller_labels_reach_the_kept_nodes_topology() -> None:
     snapshot = snapshot_of(
-        {"id": "holder", **RESIDENT, "running": 40, "latency_tokens": 500, "zone": "z", "rack": "r"},
+        {
+            "id": "holder",
+            **RESIDENT,
+            "running": 24,
+            "kv": 0.6,
+            "latency_tokens": 500,
+            "zone": "z",
+            "rack": "r",
+        },
         {"id": "idle", **RESIDENT, "zone": "z", "rack": "r", "host": "h"},
     )
     picker = _picker(True)
@@ -78,20 +87,21 @@ def test_caller_labels_reach_the_kept_nodes_topology() -> None:
 @pytest.mark.parametrize("compiled", [True, False])
 def test_a_queue_longer_than_the_saving_moves_the_request(compiled: bool) -> None:
     # 5,000 + 100 tokens to compute there against 4,000 on the idle node.
-    result = _next_call({"running": 40, "kv": 0.6, "latency_tokens": 5_000}, compiled)
+    result = _next_call({"running": 24, "kv": 0.6, "latency_tokens": 5_000}, compiled)
     assert result.node_id == "idle" and not result.prefix_kept
+    assert result.cached_tokens == 0  # the memo points at the holder
 
 
 def test_a_slowed_clock_counts_against_the_prefix_node() -> None:
     # (2,000 + 100) at full clock is below the idle node's 4,000; at 40% of it (5,250), above.
-    cool = {"running": 40, "kv": 0.6, "latency_tokens": 2_000, "temp": 60}
+    cool = {"running": 24, "kv": 0.6, "latency_tokens": 2_000, "temp": 60}
     assert _next_call(cool, True, idle={"temp": 60}).prefix_kept
     assert _next_call({**cool, "clock": 0.4 * 1980}, True, idle={"temp": 60}).node_id == "idle"
 
 
 def test_without_token_ends_each_element_counts_128_tokens() -> None:
     snapshot = snapshot_of(
-        {"id": "holder", **RESIDENT, "running": 60, "kv": 0.6, "latency_tokens": 200},
+        {"id": "holder", **RESIDENT, "running": 24, "kv": 0.6, "latency_tokens": 200},
         {"id": "idle", **RESIDENT},
     )
     picker = _picker(True)
@@ -121,7 +131,7 @@ def test_without_token_ends_each_element_counts_128_tokens() -> None:
 def test_when_the_rule_does_not_keep_the_prefix(
     case: str, holder: dict[str, Any], kwargs: dict[str, Any], workload: WorkloadClass
 ) -> None:
-    busy = {"running": 40, "kv": 0.6, "latency_tokens": 0, **holder}
+    busy = {"running": 24, "kv": 0.6, "latency_tokens": 0, **holder}
     snapshot = snapshot_of({"id": "holder", **RESIDENT, **busy}, {"id": "idle", **RESIDENT})
     picker = _picker(True, **kwargs)
     # The memo learns the holder from a pick that had no other choice.
@@ -131,8 +141,27 @@ def test_when_the_rule_does_not_keep_the_prefix(
     assert result is not None and result.node_id == "idle" and not result.prefix_kept, case
 
 
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_prefix_node_out_of_balance_is_not_followed(compiled: bool) -> None:
+    """A short queue but 40 requests against none: past SGLang's balance threshold (32 more, and more
+    than 1.0001 times), so the session's call goes where the ranking sent it."""
+    result = _next_call({"running": 40, "kv": 0.6, "latency_tokens": 500}, compiled)
+    assert result.node_id == "idle" and not result.prefix_kept
+    # 40 against 10: 30 more, within the threshold, so the prefix is followed.
+    kept = _next_call({"running": 40, "kv": 0.6, "latency_tokens": 500}, compiled, idle={"running": 10})
+    assert kept.node_id == "holder" and kept.prefix_kept
+
+
+def test_queued_requests_count_toward_the_balance() -> None:
+    """24 running and 10 queued (batch documents too: they take the seats the latency classes free and
+    decode beside them) are 34 requests against none."""
+    holder = {"running": 24, "kv": 0.6, "latency_tokens": 500}
+    assert _next_call({**holder, "waiting": 8, "batch_waiting": 8}, True).prefix_kept
+    assert not _next_call({**holder, "waiting": 10, "batch_waiting": 10}, True).prefix_kept
+
+
 def test_an_excluded_prefix_node_is_not_kept() -> None:
-    snapshot = snapshot_of({"id": "holder", **RESIDENT, "running": 40}, {"id": "idle", **RESIDENT})
+    snapshot = snapshot_of({"id": "holder", **RESIDENT, "running": 24}, {"id": "idle", **RESIDENT})
     picker = _picker(True)
     _sent_to_holder(picker, snapshot)
     result = picker.pick(snapshot, query(AGENT, exclude=frozenset({"holder"}), **NEXT))
@@ -140,7 +169,9 @@ def test_an_excluded_prefix_node_is_not_kept() -> None:
 
 
 def test_a_pick_adds_its_prompt_to_the_latency_prefill_until_the_next_heartbeat() -> None:
+    """Less the prefix the chosen node holds, as the worker counts a queued sequence."""
     assert latency_tokens_of(query(AGENT, **NEXT)) == 4_000
+    assert latency_tokens_of(query(AGENT, **NEXT), cached_tokens=3_900) == 100
     assert latency_tokens_of(query(CHAT, prompt_tokens=700, **NEXT)) == 700
     assert latency_tokens_of(query(BATCH, **NEXT)) == 0  # served behind the latency classes
     assert latency_tokens_of(query(WorkloadClass.EMBEDDING, prompt_tokens=50)) == 0  # no prefill queue

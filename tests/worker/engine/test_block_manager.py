@@ -120,6 +120,25 @@ def test_unadmit_restores_everything() -> None:
     assert bm.admit(b) == 8  # still cached
 
 
+def test_cached_prefix_tokens_looks_without_touching() -> None:
+    """The queued-sequence estimate: what admit would attach now, with refcounts, the eviction order and
+    the hit statistics left as they were."""
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = make_seq(list(range(8)), "a")
+    run_prefill(bm, a)
+    bm.free(a)
+    before = (bm.prefix_query_tokens, bm.prefix_hit_tokens, bm.num_used_blocks, bm.num_free_blocks)
+    b = make_seq(list(range(11)), "b")
+    assert bm.cached_prefix_tokens(b) == 8
+    assert bm.cached_prefix_tokens(make_seq(list(range(8)), "c")) == 4  # the last token is computed
+    assert bm.cached_prefix_tokens(make_seq([9, *range(1, 11)], "d")) == 0
+    assert (bm.prefix_query_tokens, bm.prefix_hit_tokens, bm.num_used_blocks, bm.num_free_blocks) == before
+    assert (b.block_table, b.num_computed_tokens) == ([], 0)
+    assert bm.admit(b) == 8
+    off = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    assert off.cached_prefix_tokens(b) == 0
+
+
 def test_evicts_least_recently_freed_after_plain_free_list() -> None:
     bm = BlockManager(num_blocks=4, block_size=2)
     seqs = [make_seq([10 * i, 10 * i + 1], f"s{i}") for i in range(3)]

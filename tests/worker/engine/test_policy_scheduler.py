@@ -344,8 +344,9 @@ def test_running_and_waiting_are_counted_per_class_for_the_heartbeat() -> None:
 
 def test_latency_prompt_tokens_count_what_the_latency_classes_still_have_to_prefill() -> None:
     """The heartbeat's latency_prompt_tokens (the placer's prefix cost rule weighs a cached prefix against
-    it): queued latency prompts whole, admitted ones until their prompt is computed, batch never. A
-    budget of 16 tokens a step: a 40-token chat prompt takes three steps."""
+    it): queued latency prompts less what the prefix cache holds of them (nothing here), admitted ones
+    until their prompt is computed, batch never. A budget of 16 tokens a step: a 40-token chat prompt
+    takes three steps."""
     sched = scheduler(budget=16, num_blocks=256)
     sched.add(seq("c", RT, prompt=40))
     sched.add(seq("b", BATCH, prompt=30))
@@ -359,4 +360,29 @@ def test_latency_prompt_tokens_count_what_the_latency_classes_still_have_to_pref
     assert sched.latency_prompt_tokens() == 0  # both prompts computed: decoding is not prefill
     sched.abort("c")
     sched.abort("a")
+    assert sched.latency_prompt_tokens() == 0
+
+
+def test_latency_prompt_tokens_leave_out_a_queued_prompts_cached_prefix() -> None:
+    """An agent call whose history the prefix cache holds is counted for its new tokens only, as it will
+    compute only those: a worker holding a session's next call queued is not made to look busier than a
+    worker without the history. The count a sequence brought leaves with it (admission, abort)."""
+    sched = scheduler(budget=64, num_blocks=256)
+    history = seq("turn1", AGENT, prompt=40, max_tokens=4)
+    sched.add(history)
+    while sched.has_unfinished:
+        step(sched)
+    # 40 prompt + 4 generated tokens, 43 of them computed: 10 whole 4-token blocks cached.
+    follow_up = [*history.token_ids, *range(5, 13)]
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    turn2 = Sequence("turn2", follow_up, params, frozenset({TOKEN}), hints=SchedulingHints(workload=AGENT))
+    sched.add(turn2)
+    assert sched.latency_prompt_tokens() == 52 - 40
+    sched.add(seq("chat", RT, prompt=20))
+    sched.add(seq("doc", BATCH, prompt=30))
+    assert sched.latency_prompt_tokens() == 12 + 20
+    sched.abort("chat")
+    assert sched.latency_prompt_tokens() == 12
+    step(sched)  # turn2 admitted with its 40 cached tokens and its 12 new ones computed
+    assert turn2.num_cached_tokens == 40
     assert sched.latency_prompt_tokens() == 0
