@@ -49,6 +49,7 @@ class GatewayApp:
                 {},
                 PlacerMetrics(self.metrics.registry),
                 settings.prefix_capacity,
+                settings.prefix_balance,
             )
         self.upstream = Upstream(
             settings.placer_address,

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 
 from services.common.env import env_enum, env_float, env_int, env_optional_int, env_str
 from services.common.internal_auth import token_from_env
-from services.placer.config import PREFIX_CAPACITY
+from services.placer.config import PREFIX_CAPACITY, prefix_balance_from_env
+from services.placer.pick.prefix_cost import DEFAULT_PREFIX_BALANCE, PrefixBalance
 
 
 class Placement(enum.StrEnum):
@@ -51,6 +52,7 @@ class GatewaySettings:
     resync_interval_s: float = 5.0
     demand_window_s: float = 5.0
     prefix_capacity: int = PREFIX_CAPACITY  # the embedded replica's prefix memo, in chain elements
+    prefix_balance: PrefixBalance = DEFAULT_PREFIX_BALANCE  # the embedded replica's, as the placer's
     http_port: int | None = 8000  # vLLM's default port, so OpenAI clients configured for it just work
     http_timeout_s: float = 600.0
     http_max_body_bytes: int = 8 * 1024 * 1024
@@ -99,6 +101,7 @@ class GatewaySettings:
             resync_interval_s=env_float(environ, p + "RESYNC_INTERVAL_S", cls.resync_interval_s, 0.01),
             demand_window_s=env_float(environ, p + "DEMAND_WINDOW_S", cls.demand_window_s, 0.01),
             prefix_capacity=env_int(environ, p + "PREFIX_CAPACITY", cls.prefix_capacity, minimum=0),
+            prefix_balance=prefix_balance_from_env(environ, p),
             http_port=_http_port(environ, p + "HTTP_PORT"),
             http_timeout_s=env_float(environ, p + "HTTP_TIMEOUT_S", cls.http_timeout_s, 0.001),
             http_max_body_bytes=env_int(environ, p + "HTTP_MAX_BODY_BYTES", cls.http_max_body_bytes, 1),

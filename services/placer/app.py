@@ -50,6 +50,7 @@ class PlacerApp:
             settings.class_weights,
             self.metrics,
             settings.prefix_capacity,
+            settings.prefix_balance,
         )
         self.store, self.view, self.demand = self.replica.store, self.replica.view, self.replica.demand
         self.metrics.registry.register(FleetGpuCollector(lambda: self.view.snapshot))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from services.common.env import env_float, env_int, env_optional_int, env_str
 from services.common.internal_auth import token_from_env
+from services.placer.pick.prefix_cost import DEFAULT_PREFIX_BALANCE, PrefixBalance
 
 # Prefix chain elements a replica's memo remembers at most: about 90 s of the chains the simulator's
 # workload sends from 1,000 GPUs (34 elements a second per GPU, four fifths of them batch documents that
@@ -44,6 +45,8 @@ class PlacerSettings:
     class_weights: dict[str, dict[str, float]] = field(default_factory=dict)
     internal_token: str | None = field(default=None, repr=False)  # HANZO_INTERNAL_TOKEN (internal_auth.py)
     prefix_capacity: int = PREFIX_CAPACITY  # HANZO_PLACER_PREFIX_CAPACITY, elements
+    # HANZO_PLACER_PREFIX_BALANCE_REQUESTS and _RATIO: where the prefix cost rule stops following a prefix
+    prefix_balance: PrefixBalance = DEFAULT_PREFIX_BALANCE
 
     @property
     def node_ttl_s(self) -> float:
@@ -74,7 +77,18 @@ class PlacerSettings:
             class_weights=weights,
             internal_token=token_from_env(environ),
             prefix_capacity=env_int(environ, p + "PREFIX_CAPACITY", cls.prefix_capacity, minimum=0),
+            prefix_balance=prefix_balance_from_env(environ, p),
         )
+
+
+def prefix_balance_from_env(environ: Mapping[str, str], prefix: str) -> PrefixBalance:
+    """The prefix cost rule's balance threshold from prefix + PREFIX_BALANCE_REQUESTS (requests, >= 0)
+    and prefix + PREFIX_BALANCE_RATIO (>= 1); ValueError naming a malformed one."""
+    default = DEFAULT_PREFIX_BALANCE
+    return PrefixBalance(
+        env_float(environ, prefix + "PREFIX_BALANCE_REQUESTS", default.requests, 0.0),
+        env_float(environ, prefix + "PREFIX_BALANCE_RATIO", default.ratio, 1.0),
+    )
 
 
 def _model_capacities(environ: Mapping[str, str], name: str) -> dict[str, float]:

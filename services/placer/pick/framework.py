@@ -27,7 +27,12 @@ from services.placer.pick.filters import DEFAULT_FILTERS, Filter, Rows
 from services.placer.pick.leaders import TIE_TOLERANCE, rank_leaders
 from services.placer.pick.memo import PrefixMemo, TieBreak
 from services.placer.pick.native_rows import NativeRows, is_topology
-from services.placer.pick.prefix_cost import PREFIX_COST_CLASSES, keep_prefix
+from services.placer.pick.prefix_cost import (
+    DEFAULT_PREFIX_BALANCE,
+    PREFIX_COST_CLASSES,
+    PrefixBalance,
+    keep_prefix,
+)
 from services.placer.pick.query import PickContext, PickQuery
 from services.placer.pick.scorers import DEFAULT_SCORERS, RequestScorer, RowScorer, Scorer, clamp_scores
 from services.placer.pick.table import RowTable
@@ -103,6 +108,7 @@ class Picker:
         near_slowdown_band_c: float = 3.0,
         avoid_degraded: frozenset[WorkloadClass] = DEFAULT_AVOID_DEGRADED,
         prefix_cost_classes: frozenset[WorkloadClass] = PREFIX_COST_CLASSES,
+        prefix_balance: PrefixBalance = DEFAULT_PREFIX_BALANCE,
         default_slowdown_c: float = nvml_bits.DEFAULT_SLOWDOWN_TEMPERATURE_C,
         incremental: bool = True,
         compiled: bool = True,
@@ -112,7 +118,8 @@ class Picker:
         near_slowdown_band_c: a GPU this many degrees C below its slowdown threshold, or hotter, counts as
         degraded for the classes in avoid_degraded, like one whose thermal or power slowdown bits are set.
         prefix_cost_classes: the classes whose picks the prefix cost rule (prefix_cost.py) may move to
-        the node holding their prompt's prefix; empty turns it off.
+        the node holding their prompt's prefix; empty turns it off. prefix_balance: where that node is
+        too busy against the ranked winner for its prefix to be followed.
         incremental=False rescores every row on every pick: the same decisions, slower (the reference
         the tests and the placer bench compare against). compiled=False keeps every table in numpy even
         where the compiled pick (native.py) could serve its filters and scorers: the same decisions.
@@ -124,6 +131,7 @@ class Picker:
         self._near_band_c = near_slowdown_band_c
         self._avoid_degraded = avoid_degraded
         self._prefix_cost_classes = prefix_cost_classes
+        self._prefix_balance = prefix_balance
         self._default_slowdown_c = default_slowdown_c
         self._incremental = incremental
         self._compiled = compiled
@@ -169,7 +177,7 @@ class Picker:
         position = self._tie_break.draw(ties) if ties > 1 else 0
         row = int(leaders[position])
         prefix_kept = query.workload_class in self._prefix_cost_classes and keep_prefix(
-            snapshot, query, context, row, table, excluded_rows
+            snapshot, query, context, row, table, excluded_rows, self._prefix_balance
         )
         if prefix_kept:
             self.prefix_kept += 1

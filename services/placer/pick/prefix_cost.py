@@ -22,9 +22,9 @@ tokens after the first: every kept call's prompt chunks stall that node's decode
 simulation a rule free to keep every later agent call home (9,684 of them in 10 minutes) cost agent
 attainment 0.93 -> 0.84, nearly all in time per token (docs/simulator.md). So, as SGLang's cache-aware
 router does, the prefix is not followed where the load is out of balance: when the prefix node holds
-more than IMBALANCE_REQUESTS requests more than the ranked winner and more than IMBALANCE_RATIO times
-its requests (SGLang's defaults, balance_abs_threshold 32 and balance_rel_threshold 1.0001), the ranked
-winner serves. Requests count running and queued, as SGLang's do: queued batch is served after the
+more than PrefixBalance.requests requests more than the ranked winner and more than PrefixBalance.ratio
+times its requests (SGLang's defaults, balance_abs_threshold 32 and balance_rel_threshold 1.0001), the
+ranked winner serves. Requests count running and queued, as SGLang's do: queued batch is served after the
 latency classes, but it takes the seats they free and decodes beside them.
 
 Batch is left to the scorers: its prefix score already fades with the node's queue, and what it is
@@ -32,6 +32,8 @@ measured by is throughput, not a first token.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 from services.common.workload import WorkloadClass
 from services.placer.cluster.snapshot import ClusterSnapshot
@@ -42,11 +44,19 @@ from services.placer.pick.table import RowTable
 PREFIX_COST_CLASSES = frozenset(
     {WorkloadClass.REALTIME_CHAT, WorkloadClass.AGENT_TOOL, WorkloadClass.UNSPECIFIED}
 )
-# Out of balance, the prefix is not followed (SGLang router's balance_abs_threshold and
-# balance_rel_threshold defaults): more requests than this more than the ranked winner ...
-IMBALANCE_REQUESTS = 32
-# ... and more than this times its requests.
-IMBALANCE_RATIO = 1.0001
+
+
+class PrefixBalance(NamedTuple):
+    """Where the prefix node is out of balance and its prefix not followed: it holds more than requests
+    requests more than the ranked winner, and more than ratio times its requests. The defaults are
+    SGLang router's (balance_abs_threshold, balance_rel_threshold); HANZO_PLACER_PREFIX_BALANCE_REQUESTS
+    and _RATIO set them for the placer, HANZO_GATEWAY_PREFIX_BALANCE_* for a gateway's embedded replica."""
+
+    requests: float = 32.0
+    ratio: float = 1.0001
+
+
+DEFAULT_PREFIX_BALANCE = PrefixBalance()
 
 
 def latency_tokens_of(query: PickQuery, cached_tokens: int = 0) -> int:
@@ -76,6 +86,7 @@ def keep_prefix(
     chosen: int,
     table: RowTable,
     excluded_rows: list[int],
+    balance: PrefixBalance = DEFAULT_PREFIX_BALANCE,
 ) -> bool:
     """Whether the prefix node (context.prefix_row) should serve query, of a class the rule serves,
     instead of the ranked winner chosen: only a node that passed table's filters, is not excluded and
@@ -92,16 +103,18 @@ def keep_prefix(
     model = snapshot.models.get(query.model)
     if model is None or not model.resident[prefix_row]:
         return False  # evicted since: its KV went with it
-    if out_of_balance(snapshot, prefix_row, chosen):
+    if out_of_balance(snapshot, prefix_row, chosen, balance):
         return False
     prompt = max(query.prompt_estimate(), context.prefix_tokens)
     kept = prefill_cost(snapshot, prefix_row, prompt - context.prefix_tokens)
     return kept <= prefill_cost(snapshot, chosen, prompt)
 
 
-def out_of_balance(snapshot: ClusterSnapshot, prefix_row: int, chosen: int) -> bool:
+def out_of_balance(
+    snapshot: ClusterSnapshot, prefix_row: int, chosen: int, balance: PrefixBalance = DEFAULT_PREFIX_BALANCE
+) -> bool:
     """Whether the prefix node holds so many more requests (running and queued) than the ranked winner
     that following the prefix would pile work onto it."""
     held = float(snapshot.running[prefix_row] + snapshot.waiting[prefix_row])
     winner = float(snapshot.running[chosen] + snapshot.waiting[chosen])
-    return held - winner > IMBALANCE_REQUESTS and held > IMBALANCE_RATIO * winner
+    return held - winner > balance.requests and held > balance.ratio * winner
