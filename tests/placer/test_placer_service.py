@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from hanzo.inference.v1 import common_pb2, placer_pb2, telemetry_pb2
+from hanzo.inference.v1 import common_pb2, placer_pb2, placer_pb2_grpc, telemetry_pb2
 from services.common.redis_server import RedisServer
 from services.common.workload import WorkloadClass
 from services.placer.app import FRESHNESS_CHECK, PlacerApp
@@ -100,6 +100,30 @@ async def test_picks_count_as_waiting_until_the_next_heartbeat(redis_server: Red
             assert after == {"a", "b"}
 
 
+def agent_call(*chain: int) -> placer_pb2.PickRequest:
+    """An agent session's call whose prefix chain is chain, its elements ending at 2,000 tokens (the
+    tenant's tools), 3,900 (the first call's prompt), then 100 more each."""
+    request = pick_request(cls=common_pb2.WORKLOAD_CLASS_AGENT_TOOL)
+    request.prefix_chain.extend(chain)
+    request.prefix_chain_tokens.extend([2_000, 3_900, 4_000, 4_100, 4_200][: len(chain)])
+    return request
+
+
+async def first_call_on_busy_holder(stub: placer_pb2_grpc.PlacerStub, running: int) -> placer_pb2.NodeReport:
+    """Workers "holder" (running requests, 500 latency prompt tokens queued) and "idle" beat; a session's
+    first call goes to holder (idle excluded), whose next beat then no longer counts it. Returns
+    holder's report."""
+    busy = node_report("holder", running=running, kv_usage=0.6)
+    busy.load.latency_prompt_tokens = 500
+    await stub.Heartbeat(busy)
+    await stub.Heartbeat(node_report("idle"))
+    first = agent_call(1, 2)
+    first.exclude_nodes.append("idle")
+    assert (await stub.Pick(first)).node_id == "holder"
+    await stub.Heartbeat(busy)
+    return busy
+
+
 async def test_an_agent_call_stays_with_its_history_unless_the_queue_there_costs_more(
     redis_server: RedisServer,
 ) -> None:
@@ -108,35 +132,20 @@ async def test_an_agent_call_stays_with_its_history_unless_the_queue_there_costs
     queue there costs more than computing the whole prompt on the idle worker. Until the next heartbeat
     the placer counts a kept call's uncached tokens only, as the worker will count it, so the session's
     call after it stays too."""
-    agent = common_pb2.WORKLOAD_CLASS_AGENT_TOOL
-
-    def call(*chain: int) -> placer_pb2.PickRequest:
-        request = pick_request(cls=agent)
-        request.prefix_chain.extend(chain)
-        request.prefix_chain_tokens.extend([2_000, 3_900, 4_000, 4_100, 4_200][: len(chain)])
-        return request
-
     async with running_placer(redis_server.url) as app:
         channel, stub = placer_stub(app.address)
         async with channel:
-            busy = node_report("holder", running=24, kv_usage=0.6)
-            busy.load.latency_prompt_tokens = 500
-            await stub.Heartbeat(busy)
-            await stub.Heartbeat(node_report("idle"))
-            first = call(1, 2)
-            first.exclude_nodes.append("idle")
-            assert (await stub.Pick(first)).node_id == "holder"
-            await stub.Heartbeat(busy)  # the first call done: its prompt no longer counts there
-            kept = await stub.Pick(call(1, 2, 3))
+            busy = await first_call_on_busy_holder(stub, running=24)
+            kept = await stub.Pick(agent_call(1, 2, 3))
             assert kept.node_id == "holder"
             assert [c.node_id for c in kept.candidates][:2] == ["holder", "idle"]  # the ranked winner second
             labels = {"workload_class": "AGENT_TOOL", "scorer": "prefix_cost"}
             assert app.metrics.registry.get_sample_value("hanzo_placer_decisions_total", labels) == 1
             # 500 + the kept call's 100 + this one's 100 there, against 4,100 on the idle worker.
-            assert (await stub.Pick(call(1, 2, 3, 4))).node_id == "holder"
+            assert (await stub.Pick(agent_call(1, 2, 3, 4))).node_id == "holder"
             busy.load.latency_prompt_tokens = 10_000
             await stub.Heartbeat(busy)
-            assert (await stub.Pick(call(1, 2, 3, 4, 5))).node_id == "idle"
+            assert (await stub.Pick(agent_call(1, 2, 3, 4, 5))).node_id == "idle"
 
 
 @pytest.mark.parametrize(

@@ -7,14 +7,12 @@ import re
 
 import pytest
 
-from hanzo.inference.v1 import common_pb2, placer_pb2
 from services.common.redis_server import RedisServer
 from services.gateway.config import GatewaySettings
 from services.placer.config import PlacerSettings
 from services.placer.pick.prefix_cost import DEFAULT_PREFIX_BALANCE, PrefixBalance
-from tests.placer.cluster_helpers import node_report
 from tests.placer.test_pick_stream import serving_placer
-from tests.placer.test_placer_service import pick_request
+from tests.placer.test_placer_service import agent_call, first_call_on_busy_holder
 
 
 def test_the_threshold_comes_from_the_environment() -> None:
@@ -35,20 +33,6 @@ async def test_a_session_follows_its_prefix_only_within_the_threshold(
 ) -> None:
     """The holder of a session's 3,900 cached tokens runs 40 requests, the other worker none: past the
     default threshold the next call goes where the ranking sends it, within a wider one it stays."""
-
-    def call(*chain: int) -> placer_pb2.PickRequest:
-        request = pick_request(cls=common_pb2.WORKLOAD_CLASS_AGENT_TOOL)
-        request.prefix_chain.extend(chain)
-        request.prefix_chain_tokens.extend([2_000, 3_900, 4_000][: len(chain)])
-        return request
-
     async with serving_placer(redis_server.url, prefix_balance=balance) as (_, stub):
-        busy = node_report("holder", running=40, kv_usage=0.6)
-        busy.load.latency_prompt_tokens = 500
-        await stub.Heartbeat(busy)
-        await stub.Heartbeat(node_report("idle"))
-        first = call(1, 2)
-        first.exclude_nodes.append("idle")
-        assert (await stub.Pick(first)).node_id == "holder"
-        await stub.Heartbeat(busy)  # the first call's interim count gone
-        assert ((await stub.Pick(call(1, 2, 3))).node_id == "holder") is kept
+        await first_call_on_busy_holder(stub, running=40)
+        assert ((await stub.Pick(agent_call(1, 2, 3))).node_id == "holder") is kept
