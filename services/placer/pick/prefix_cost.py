@@ -59,11 +59,17 @@ class PrefixBalance(NamedTuple):
 DEFAULT_PREFIX_BALANCE = PrefixBalance()
 
 
+# Classes whose prompts the worker's latency prefill leaves out (Scheduler.latency_prompt_tokens): batch,
+# served behind the others, and embeddings, which its decoders' schedulers never see.
+_NOT_LATENCY_PREFILL = frozenset({WorkloadClass.BATCH, WorkloadClass.EMBEDDING})
+
+
 def latency_tokens_of(query: PickQuery, cached_tokens: int = 0) -> int:
     """Prompt tokens a pick of query adds to its node's latency prefill until the node's next heartbeat,
-    for a class the rule serves (else 0): the prompt less the cached_tokens of its prefix the node holds
-    (PickResult.cached_tokens), as the worker counts a queued sequence less its cached prefix."""
-    if query.workload_class not in PREFIX_COST_CLASSES:
+    counted as the worker counts a queued sequence: the prompt less the cached_tokens of its prefix the
+    node holds (PickResult.cached_tokens), and 0 for a class the worker leaves out. Whatever classes a
+    Picker's rule serves, the figure it is added to is the worker's."""
+    if query.workload_class in _NOT_LATENCY_PREFILL:
         return 0
     return max(query.prompt_estimate() - cached_tokens, 0)
 
