@@ -22,7 +22,8 @@ from sim.compiled import COMPLETE, PACKAGE, build_dir, cache_root, source_key
 # CLI) run once per simulation and stay interpreted.
 MODULES = (
     "request", "prefix_cache", "step_budget", "residency", "admission", "encoder_path", "engine_model",
-    "workload", "thermal", "results", "feed", "policies", "worker_loads", "planner", "simulation",
+    "workload", "thermal", "results", "feed", "llm_d_prefix", "policies", "worker_loads", "planner",
+    "simulation",
 )  # fmt: skip
 _GROUP = "sim._hot"  # the modules' shared library: sim/_hot__mypyc...so, inside the build's package
 

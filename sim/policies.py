@@ -4,9 +4,10 @@
 weights, memo and tie-break, exactly as PlacerReplica.choose runs it. The others are what a fleet would
 otherwise run: random, round-robin and power-of-two choices over the nodes that can take the model;
 least-loaded (the placer's load score alone); and prefix + load in llm-d's default weighting (its queue
-scorer at 2, prefix cache at 3), defined on the same Picker framework with llm-d's queue scorer
-(prefix_load_picker) and run as a direct ranking that takes the same node (prefix_load). None of the
-baselines reads temperature.
+scorer at 2, prefix cache at 3), defined on the same Picker framework with llm-d's queue scorer and its
+prefix-cache scorer over llm-d's approximate prefix index (sim/llm_d_prefix.py) (prefix_load_picker),
+and run as a direct ranking that takes the same node (prefix_load). None of the baselines reads
+temperature.
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.cluster.state import ClusterState
 from services.placer.pick import filters, scorers
 from services.placer.pick.framework import TIE_TOLERANCE, Picker
-from services.placer.pick.memo import PrefixMemo, TieBreak
+from services.placer.pick.memo import TieBreak
 from services.placer.pick.native_rows import NativeRows
 from services.placer.pick.prefix_cost import PREFIX_COST_CLASSES
 from services.placer.pick.query import PickContext, PickQuery
 from services.placer.pick.scorers import RequestScorer
 from services.placer.pick.table import RowTable
 from services.placer.pick.weights import ClassWeights
+from sim.llm_d_prefix import BLOCK_TOKENS, LlmDPrefixIndex
 
 
 class Choice(NamedTuple):
@@ -43,8 +45,6 @@ class Choice(NamedTuple):
 # nodes past their deadline before and records the pick in the state after (ClusterState.expire and
 # record_pick), as PlacerReplica.choose does, for every policy.
 Policy = Callable[[ClusterState, PickQuery], Choice | None]
-
-_PREFIX_CAPACITY = 100_000  # prefix + load's memo of prefix -> node, the Picker's default
 
 _BASE_FILTERS = {
     "healthy": filters.healthy,
@@ -67,15 +67,29 @@ def llm_d_queue(
     return np.arange(snapshot.num_rows)
 
 
-def llm_d_prefix(
-    snapshot: ClusterSnapshot, query: PickQuery, context: PickContext, out: np.ndarray
-) -> np.ndarray | None:
-    """llm-d's prefix-cache scorer for a prompt whose leading blocks a node served last: 1 there,
-    whatever that node's queue (ours fades with the queue, scorers.prefix_affinity)."""
-    if context.prefix_row is None:
-        return None
-    out[context.prefix_row] = 1.0
-    return np.array([context.prefix_row])
+class LlmDPrefix:
+    """llm-d's prefix-cache scorer: each server's blocks of the prompt in its approximate prefix index
+    over the prompt's blocks (sim/llm_d_prefix.py), whatever that server's queue (ours fades with the
+    queue, scorers.prefix_affinity). score() is the Picker's RequestScorer; placed() tells the index
+    where a request went, as llm-d's PreRequest does."""
+
+    def __init__(self, server_blocks: Callable[[str], int] | None = None) -> None:
+        self.index = LlmDPrefixIndex(server_blocks)
+
+    def score(
+        self, snapshot: ClusterSnapshot, query: PickQuery, context: PickContext, out: np.ndarray
+    ) -> np.ndarray | None:
+        rows, held, total = self.index.match(snapshot, query)
+        if not rows.size:
+            return None
+        out[rows] = held / total
+        return rows
+
+    def placed(self, snapshot: ClusterSnapshot, query: PickQuery, node_id: str) -> int:
+        """Record that query went to node_id; the prompt tokens the index held there (whole blocks)."""
+        held = self.index.held(snapshot, query).get(node_id, 0)
+        self.index.add(query, node_id)
+        return held * BLOCK_TOKENS
 
 
 def _uniform(weights: dict[str, float]) -> ClassWeights:
@@ -119,19 +133,28 @@ def least_loaded(seed: int) -> Policy:
 _PREFIX_LOAD_WEIGHTS = {"queue": 2.0, "prefix_affinity": 3.0}  # llm-d's default weighting
 
 
-def prefix_load_picker(seed: int) -> Policy:
+def prefix_load_picker(seed: int, server_blocks: Callable[[str], int] | None = None) -> Policy:
     """prefix + load as the placer's Picker runs it with llm-d's two scorers: the definition. The
-    comparison runs prefix_load, which takes the same decisions without scoring every row."""
+    comparison runs prefix_load, which takes the same decisions without scoring every row.
+    server_blocks: each server's KV blocks, llm-d's auto-tuned index capacity (LlmDPrefixIndex)."""
+    prefix = LlmDPrefix(server_blocks)
     picker = Picker(
         _uniform(_PREFIX_LOAD_WEIGHTS),
         filters=_BASE_FILTERS,
-        scorers={"queue": RequestScorer(llm_d_queue), "prefix_affinity": RequestScorer(llm_d_prefix)},
+        scorers={"queue": RequestScorer(llm_d_queue), "prefix_affinity": RequestScorer(prefix.score)},
         rng=np.random.default_rng([seed, 22]),
-        prefix_capacity=_PREFIX_CAPACITY,
+        prefix_capacity=0,  # llm-d's index, not the placer's memo, knows where prefixes went
         avoid_degraded=frozenset(),
         prefix_cost_classes=frozenset(),  # ours' rule, not the baseline's
     )
-    return picker_policy(picker)
+
+    def choose(state: ClusterState, query: PickQuery) -> Choice | None:
+        result = picker.pick(state.snapshot, query)
+        if result is None:
+            return None
+        return Choice(result.node_id, prefix.placed(state.snapshot, query, result.node_id))
+
+    return choose
 
 
 class _Candidates:
@@ -156,17 +179,16 @@ class _PrefixLoad:
     """prefix_load_picker's decisions, pick for pick, without its per-pick work over every row.
 
     llm-d's queue scorer writes every row (its range is the fleet's at this request), so through the
-    Picker a pick cost 74 us at 1,000 GPUs, three quarters of this policy's run. Its ranking is simple
-    enough to take directly: the node that last served the prompt's prefix scores 3 + 2 x its queue
-    score, every other candidate at most 2, so it wins whenever it passes the filters; otherwise the
-    best are the candidates waiting least, their totals compared as the Picker's C ranking forms them
-    (0 + 2 x queue score, within its tie tolerance), ties drawn in row order from the same random
-    stream, and the same prefix memo (services/placer/pick/memo.py). tests/sim/test_prefix_load.py
-    holds the two to the same node on every pick, over a churning fleet and a simulated run."""
+    Picker a pick cost 74 us at 1,000 GPUs. Its ranking is simple enough to take directly: a candidate
+    totals 2 x its queue score plus 3 x its prefix score, formed as the Picker's C ranking forms them
+    (0 + 2 x queue, then + 3 x prefix where the index holds some of the prompt), the best within its tie
+    tolerance drawn in row order from the same random stream, over the same prefix index.
+    tests/sim/test_prefix_load.py holds the two to the same node on every pick, over a churning fleet and
+    a simulated run."""
 
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, server_blocks: Callable[[str], int] | None = None) -> None:
         self._tie_break = TieBreak(np.random.default_rng([seed, 22]))
-        self._prefixes = PrefixMemo(_PREFIX_CAPACITY)
+        self._index = LlmDPrefixIndex(server_blocks)
         self._candidates = _Candidates()
 
     def __call__(self, state: ClusterState, query: PickQuery) -> Choice | None:
@@ -179,20 +201,26 @@ class _PrefixLoad:
             rows = rows[~np.isin(rows, excluded)]
         if not rows.size:
             return None
-        prefix_row, depth = self._prefixes.match(snapshot, query.prefix_chain)
-        row = prefix_row if prefix_row is not None and _holds(rows, prefix_row) else None
-        if row is None:  # no prefix remembered, or its node cannot take it
-            waiting = snapshot.column("waiting")
-            low, high = float(waiting.min(initial=0.0)), float(waiting.max(initial=0.0))
-            ties = rows
-            if high != low:
-                totals = (high - waiting[rows]) / (high - low) * _PREFIX_LOAD_WEIGHTS["queue"]
-                ties = rows[totals >= totals.max() - TIE_TOLERANCE]
-            row = int(ties[self._tie_break.draw(ties.size)] if ties.size > 1 else ties[0])
+        # Every row's total, then the candidates': indexing the prefix rows into a whole column is
+        # cheaper than finding them among the candidates.
+        waiting = snapshot.column("waiting")
+        low, high = float(waiting.min(initial=0.0)), float(waiting.max(initial=0.0))
+        queue = _PREFIX_LOAD_WEIGHTS["queue"]
+        if high == low:
+            totals = np.full(waiting.size, 1.0 * queue)
+        else:
+            totals = (high - waiting) / (high - low) * queue
+        prefix_rows, held, total = self._index.match(snapshot, query)
+        if prefix_rows.size:
+            totals[prefix_rows] += held / total * _PREFIX_LOAD_WEIGHTS["prefix_affinity"]
+        totals = totals[rows]
+        ties = rows[totals >= totals.max() - TIE_TOLERANCE]
+        row = int(ties[self._tie_break.draw(ties.size)] if ties.size > 1 else ties[0])
         node_id = snapshot.node_ids[row]
         assert node_id is not None  # a candidate is a live row
-        self._prefixes.remember(query.prefix_chain, node_id)
-        return Choice(node_id, query.prefix_tokens(depth) if row == prefix_row else 0)
+        self._index.add(query, node_id)
+        chosen = held[prefix_rows == row]
+        return Choice(node_id, int(chosen[0]) * BLOCK_TOKENS if chosen.size else 0)
 
 
 def _choice(snapshot: ClusterSnapshot, row: int) -> Choice:
@@ -202,14 +230,9 @@ def _choice(snapshot: ClusterSnapshot, row: int) -> Choice:
     return Choice(node_id)
 
 
-def _holds(rows: np.ndarray, row: int) -> bool:
-    """Whether sorted rows hold row."""
-    at = int(np.searchsorted(rows, row))
-    return at < rows.size and int(rows[at]) == row
-
-
-def prefix_load(seed: int) -> Policy:
-    return _PrefixLoad(seed)
+def prefix_load(seed: int, server_blocks: Callable[[str], int] | None = None) -> Policy:
+    """server_blocks: each server's KV blocks, llm-d's auto-tuned index capacity (LlmDPrefixIndex)."""
+    return _PrefixLoad(seed, server_blocks)
 
 
 def random_choice(seed: int) -> Policy:

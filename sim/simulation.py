@@ -31,7 +31,7 @@ from sim.feed import Feed
 from sim.fleet import Fleet
 from sim.latency_reserve import LatencyReserve, ours_reserve, reserve_weights
 from sim.planner import PLANNER_INTERVAL_S, ReplicaPlanner
-from sim.policies import POLICIES, ours_picker, picker_policy
+from sim.policies import POLICIES, ours_picker, picker_policy, prefix_load
 from sim.request import Request
 from sim.results import ClassResults
 from sim.sharegpt import Conversation
@@ -103,6 +103,8 @@ class Simulation:
             weights = reserve_weights(config.class_weights)
             self.reserve = LatencyReserve(self.workload.models.batch, config.reserve_seats)
             self.choose = ours_reserve(config.seed, weights, self.reserve)
+        elif policy == "prefix_load":
+            self.choose = prefix_load(config.seed, self.kv_blocks)  # llm-d's index auto-tuned to the KV
         else:
             self.choose = POLICIES[policy](config.seed)
         if weights is not None:
@@ -120,6 +122,11 @@ class Simulation:
         self.pick_s = 0.0
         self.trace: list[tuple[float, float, float, float, float]] = []  # t, temperature p50/p90/p99/max
         self.wall_s = 0.0
+
+    def kv_blocks(self, node_id: str) -> int:
+        """The KV blocks of node_id's GPU (what its server reports as vLLM's num_gpu_blocks)."""
+        engine = self.engines[self.index_of[node_id]]
+        return int(engine.kv_capacity) // self.config.profile.block_tokens
 
     # --- the loop -------------------------------------------------------------------------------------
 

@@ -96,6 +96,9 @@ class ClusterSnapshot:
         self.node_ids: list[str | None] = []
         self.addresses: list[str] = []
         self.row_of: dict[str, int] = {}
+        # Counts the times a node id got or lost a row: a reader that keeps rows by node id looks them up
+        # again when it changes (the simulator's llm-d prefix index).
+        self.membership = 0
         self._free_rows: list[int] = []
         self._codes: dict[str, int] = {}  # label string -> code, shared by zone / rack / host
         self._labelled: dict[tuple[str, int], np.ndarray] = {}  # (column, code) -> rows; see labelled
@@ -289,6 +292,7 @@ class ClusterSnapshot:
         row = self.row_of.pop(node_id, None)
         if row is None:
             return
+        self.membership += 1
         self._written(row)
         self.live[row] = False
         self.has_thermal[row] = False
@@ -346,6 +350,7 @@ class ClusterSnapshot:
             self.node_ids.append(node_id)
             self.addresses.append("")
         self.row_of[node_id] = row
+        self.membership += 1
         return row
 
     def _model(self, name: str, weight_bytes: int) -> ModelColumns:
