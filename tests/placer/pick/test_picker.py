@@ -10,6 +10,7 @@ import pytest
 
 from services.common.workload import WorkloadClass
 from services.placer.pick import ClassWeights, Picker, PickResult, nvml_bits
+from services.placer.pick.weights import DEFAULT_WEIGHTS
 from tests.placer.pick.helpers import node, query, snapshot_of
 
 CHAT, AGENT, BATCH = WorkloadClass.REALTIME_CHAT, WorkloadClass.AGENT_TOOL, WorkloadClass.BATCH
@@ -241,7 +242,8 @@ def test_weights_from_config() -> None:
     weights = ClassWeights.from_config({"batch": {"thermal_headroom": 0.0, "load": 0.5}})
     assert weights.for_class(BATCH)["load"] == 0.5
     assert weights.for_class(BATCH)["thermal_headroom"] == 0.0
-    assert weights.for_class(BATCH)["model_affinity"] == 0.22  # untouched defaults stay
+    # untouched defaults stay
+    assert weights.for_class(BATCH)["model_affinity"] == DEFAULT_WEIGHTS[BATCH]["model_affinity"] > 0
     assert weights.for_class(CHAT) == ClassWeights.defaults().for_class(CHAT)
     assert ClassWeights.from_config(None) == ClassWeights.defaults()
 
