@@ -54,6 +54,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="ours_reserve: latency requests per reserved node it sizes its reserve for",
     )  # fmt: skip
     parser.add_argument(
+        "--node-reserve", type=float, default=SimConfig.node_reserve_fraction, metavar="FRACTION",
+        help="ours: the share of nodes the placer's node_reserve scorer keeps for the latency classes, "
+        "where --weights weighs it (HANZO_PLACER_NODE_RESERVE_FRACTION)",
+    )  # fmt: skip
+    parser.add_argument(
         "--weights", type=Path, default=None,
         help="JSON overrides of ours's per-class weights, as HANZO_PLACER_WEIGHTS_FILE holds them",
     )  # fmt: skip
@@ -75,11 +80,14 @@ def config_of(args: argparse.Namespace) -> SimConfig:
     if unknown:
         raise ValueError(f"--host-copies {unknown}: not models of the profile ({sorted(H200.models)})")
     layout = FleetLayout(hosts=args.hosts, gpus_per_host=args.gpus_per_host, host_copies=copies)
+    if not 0.0 <= args.node_reserve <= 1.0:
+        raise ValueError(f"--node-reserve {args.node_reserve}: a share of the nodes, from 0 to 1")
     weights = json.loads(args.weights.read_text()) if args.weights else {}
     ClassWeights.from_config(weights)  # a bad file fails here, naming the culprit, not in a worker process
     return SimConfig(
         layout=layout, workload=workload, cooling=Cooling(args.cooling), seed=args.seed,
         class_weights=weights, replica_planner=args.planner, reserve_seats=args.reserve_seats,
+        node_reserve_fraction=args.node_reserve,
     )  # fmt: skip
 
 

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from services.common.workload import WorkloadClass
+from services.placer.pick.scorers import ScorerConfig
 from sim.fleet import Cooling, FleetLayout, NetworkCosts
 from sim.profiles import H200, GpuProfile
 
@@ -86,3 +87,6 @@ class SimConfig:
     replica_planner: bool = False
     # The ours_reserve experiment's target: latency requests per reserved node (sim/latency_reserve.py).
     reserve_seats: float = 20.0
+    # The share of nodes the placer's node_reserve scorer keeps for the latency classes, where
+    # class_weights weigh it (HANZO_PLACER_NODE_RESERVE_FRACTION).
+    node_reserve_fraction: float = ScorerConfig.node_reserve_fraction

@@ -27,7 +27,7 @@ from services.placer.pick.memo import TieBreak
 from services.placer.pick.native_rows import NativeRows
 from services.placer.pick.prefix_cost import PREFIX_COST_CLASSES
 from services.placer.pick.query import PickContext, PickQuery
-from services.placer.pick.scorers import RequestScorer
+from services.placer.pick.scorers import RequestScorer, ScorerConfig
 from services.placer.pick.table import RowTable
 from services.placer.pick.weights import ClassWeights
 from sim.llm_d_prefix import BLOCK_TOKENS, LlmDPrefixIndex
@@ -110,12 +110,23 @@ def ours(seed: int, weights: ClassWeights | None = None) -> Policy:
     return picker_policy(ours_picker(seed, weights))
 
 
-def ours_picker(seed: int, weights: ClassWeights | None = None, prefix_cost: bool = True) -> Picker:
+def ours_picker(
+    seed: int,
+    weights: ClassWeights | None = None,
+    prefix_cost: bool = True,
+    scorer_config: ScorerConfig | None = None,
+) -> Picker:
     """ours's Picker; prefix_cost=False turns its prefix cost rule off (the experiment
-    ours_no_prefix_cost: ours as it was before the rule)."""
+    ours_no_prefix_cost: ours as it was before the rule); scorer_config: the scorers' constants, as the
+    placer's settings give them (None: the defaults)."""
     chosen = weights or ClassWeights.defaults()
     classes = PREFIX_COST_CLASSES if prefix_cost else frozenset()
-    return Picker(chosen, rng=np.random.default_rng([seed, 20]), prefix_cost_classes=classes)
+    return Picker(
+        chosen,
+        scorers=scorers.build_scorers(scorer_config),
+        rng=np.random.default_rng([seed, 20]),
+        prefix_cost_classes=classes,
+    )
 
 
 def least_loaded(seed: int) -> Policy:

@@ -24,6 +24,7 @@ from services.placer.cluster.state import ClusterState
 from services.placer.pick.framework import Picker
 from services.placer.pick.prefix_cost import latency_tokens_of
 from services.placer.pick.query import PickQuery
+from services.placer.pick.scorers import ScorerConfig
 from services.placer.pick.weights import ClassWeights
 from sim.config import SimConfig
 from sim.engine_model import GpuEngine
@@ -97,7 +98,8 @@ class Simulation:
         weights: ClassWeights | None = None
         if policy in ("ours", "ours_no_prefix_cost"):
             weights = ClassWeights.from_config(config.class_weights)
-            self.picker = ours_picker(config.seed, weights, prefix_cost=policy == "ours")
+            scorer_config = ScorerConfig(node_reserve_fraction=config.node_reserve_fraction)
+            self.picker = ours_picker(config.seed, weights, policy == "ours", scorer_config)
             self.choose = picker_policy(self.picker)
         elif policy == "ours_reserve":
             weights = reserve_weights(config.class_weights)
@@ -341,6 +343,8 @@ class Simulation:
         return {
             "policy": self.policy_name,
             "class_weights": self.weights,
+            # ours's node reserve (where its class weights weigh node_reserve)
+            "node_reserve_fraction": None if self.weights is None else self.config.node_reserve_fraction,
             "offered_load": self.offered_load(),
             "classes": {
                 wc.name.lower(): results.summary(duration, unfinished[wc])

@@ -23,6 +23,7 @@ from services.placer.config import PlacerSettings
 from services.placer.demand import demand_rates
 from services.placer.gpu_metrics import FleetGpuCollector
 from services.placer.metrics import PlacerMetrics
+from services.placer.pick.scorers import ScorerConfig
 from services.placer.placement import plan_replicas
 from services.placer.replica import PlacerReplica
 from services.placer.servicer import PlacerServicer
@@ -51,6 +52,7 @@ class PlacerApp:
             self.metrics,
             settings.prefix_capacity,
             settings.prefix_balance,
+            ScorerConfig(node_reserve_fraction=settings.node_reserve_fraction),
         )
         self.store, self.view, self.demand = self.replica.store, self.replica.view, self.replica.demand
         self.metrics.registry.register(FleetGpuCollector(lambda: self.view.snapshot))

@@ -11,6 +11,7 @@ from pathlib import Path
 from services.common.env import env_float, env_int, env_optional_int, env_str
 from services.common.internal_auth import token_from_env
 from services.placer.pick.prefix_cost import DEFAULT_PREFIX_BALANCE, PrefixBalance
+from services.placer.pick.scorers import ScorerConfig
 
 # Prefix chain elements a replica's memo remembers at most: about 90 s of the chains the simulator's
 # workload sends from 1,000 GPUs (34 elements a second per GPU, four fifths of them batch documents that
@@ -47,6 +48,9 @@ class PlacerSettings:
     prefix_capacity: int = PREFIX_CAPACITY  # HANZO_PLACER_PREFIX_CAPACITY, elements
     # HANZO_PLACER_PREFIX_BALANCE_REQUESTS and _RATIO: where the prefix cost rule stops following a prefix
     prefix_balance: PrefixBalance = DEFAULT_PREFIX_BALANCE
+    # HANZO_PLACER_NODE_RESERVE_FRACTION: the nodes the node_reserve scorer keeps for the latency classes,
+    # where class_weights weigh it (scorers.node_reserve)
+    node_reserve_fraction: float = ScorerConfig.node_reserve_fraction
 
     @property
     def node_ttl_s(self) -> float:
@@ -78,7 +82,16 @@ class PlacerSettings:
             internal_token=token_from_env(environ),
             prefix_capacity=env_int(environ, p + "PREFIX_CAPACITY", cls.prefix_capacity, minimum=0),
             prefix_balance=prefix_balance_from_env(environ, p),
+            node_reserve_fraction=_fraction(environ, p + "NODE_RESERVE_FRACTION", cls.node_reserve_fraction),
         )
+
+
+def _fraction(environ: Mapping[str, str], name: str, default: float) -> float:
+    """A share in [0, 1] from environ[name]; ValueError naming the variable otherwise."""
+    value = env_float(environ, name, default, 0.0)
+    if value > 1.0:
+        raise ValueError(f"{name}={environ[name]!r} must be <= 1 (a share of the nodes)")
+    return value
 
 
 def prefix_balance_from_env(environ: Mapping[str, str], prefix: str) -> PrefixBalance:

@@ -22,6 +22,7 @@ from services.placer.metrics import PlacerMetrics
 from services.placer.pick.framework import Picker, PickResult
 from services.placer.pick.prefix_cost import DEFAULT_PREFIX_BALANCE, PrefixBalance, latency_tokens_of
 from services.placer.pick.query import MAX_PREFIX_CHAIN, PickQuery
+from services.placer.pick.scorers import ScorerConfig, build_scorers
 from services.placer.pick.weights import ClassWeights
 
 
@@ -37,13 +38,20 @@ class PlacerReplica:
         metrics: PlacerMetrics,
         prefix_capacity: int = PREFIX_CAPACITY,
         prefix_balance: PrefixBalance = DEFAULT_PREFIX_BALANCE,
+        scorer_config: ScorerConfig | None = None,
     ) -> None:
         """prefix_capacity: prefix chain elements the picker's memo remembers (see PREFIX_CAPACITY);
-        prefix_balance: where the prefix cost rule stops following a prefix (prefix_cost.py)."""
+        prefix_balance: where the prefix cost rule stops following a prefix (prefix_cost.py);
+        scorer_config: the scorers' constants (None: the defaults)."""
         self.store = ClusterStore(redis_url, Keys(key_prefix))
         self.view = ClusterView(self.store, SyncSettings(resync_interval_s=resync_interval_s))
         weights = ClassWeights.from_config(class_weights)
-        self.picker = Picker(weights, prefix_capacity=prefix_capacity, prefix_balance=prefix_balance)
+        self.picker = Picker(
+            weights,
+            scorers=build_scorers(scorer_config),
+            prefix_capacity=prefix_capacity,
+            prefix_balance=prefix_balance,
+        )
         self._weights = {w: weights.for_class(w) for w in WorkloadClass}  # what decides the winning scorer
         self.demand = DemandCounter()
         self.metrics = metrics

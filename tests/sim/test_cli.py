@@ -69,3 +69,19 @@ def test_host_copies_and_the_planner_reach_the_run_and_an_unknown_model_is_refus
     done = sim("--host-copies", "llama-7b")
     assert done.returncode == 2 and "--host-copies ['llama-7b']" in done.stderr, done.stderr
     assert "--weights" not in done.stderr
+
+
+def test_the_node_reserve_reaches_our_policy_and_a_share_past_1_is_refused(tmp_path: Path) -> None:
+    weights = tmp_path / "weights.json"
+    weights.write_text(json.dumps({"batch": {"node_reserve": 1.0}, "realtime_chat": {"node_reserve": 0.3}}))
+    done = sim(
+        "--hosts", "1", "--minutes", "0.2", "--policies", "ours,random", "--jobs", "1", "--weights",
+        str(weights), "--node-reserve", "0.5",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    policies = json.loads(done.stdout)["policies"]
+    assert policies["ours"]["node_reserve_fraction"] == 0.5
+    assert policies["ours"]["class_weights"]["batch"]["node_reserve"] == 1.0
+    assert policies["random"]["node_reserve_fraction"] is None  # the baselines have no reserve
+    done = sim("--node-reserve", "1.5")
+    assert done.returncode == 2 and "--node-reserve 1.5" in done.stderr, done.stderr

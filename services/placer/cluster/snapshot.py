@@ -8,6 +8,7 @@ rows in use.
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 from dataclasses import dataclass
 from typing import Protocol
@@ -51,6 +52,7 @@ _FLOAT_COLUMNS = (
     "sm_clock_max_mhz",
     "utilization",
     "thermal_timestamp_s",
+    "reserve_rank",
 )
 _BOOL_COLUMNS = ("live", "draining", "has_thermal", "thermal_simulated")
 _CODE_COLUMNS = ("zone", "rack", "host")  # interned label codes; UNKNOWN_CODE where empty
@@ -62,6 +64,14 @@ UNKNOWN_CODE = -1
 _EPOCHS = itertools.count()
 # The write log keeps at least this many entries (and twice the capacity) before dropping its older half.
 _MIN_LOG_ENTRIES = 4096
+
+
+def reserve_rank(node_id: str) -> float:
+    """A node's place in [0, 1) for the node reserve (scorers.node_reserve): a hash of its id, so every
+    placer replica, and every restart, reserves the same nodes, and a node keeps its place as others
+    come and go."""
+    digest = hashlib.blake2b(node_id.encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") >> 11) / float(1 << 53)  # 53 bits: exact in a double, below 1
 
 
 def topology_keys(zone: str, rack: str, host: str) -> tuple[str, str, str]:
@@ -135,6 +145,7 @@ class ClusterSnapshot:
     sm_clock_max_mhz: np.ndarray
     utilization: np.ndarray
     thermal_timestamp_s: np.ndarray
+    reserve_rank: np.ndarray
     live: np.ndarray
     draining: np.ndarray
     has_thermal: np.ndarray
@@ -350,6 +361,7 @@ class ClusterSnapshot:
             self.node_ids.append(node_id)
             self.addresses.append("")
         self.row_of[node_id] = row
+        self.reserve_rank[row] = reserve_rank(node_id)
         self.membership += 1
         return row
 

@@ -42,11 +42,11 @@ _COLUMN_NAMES = (
     *("live", "draining", "has_thermal", "resident", "host_copy", "listed"),
     *("deadline_s", "running", "waiting", "max_running", "batch_running", "batch_waiting", "kv_usage"),
     *("memory_free_bytes", "temperature_c", "slowdown_c", "shutdown_c", "trend", "reasons"),
-    *("zone", "rack", "host"),
+    *("zone", "rack", "host", "reserve_rank"),
 )
 _TABLE_CONSTANTS = (
     *("penalty", "near_band_c", "degraded_slowdown_c", "kv_full_fraction", "shutdown_margin_c"),
-    *("span_c", "horizon_s", "scorer_slowdown_c", "no_sample", "batch_kv"),
+    *("span_c", "horizon_s", "scorer_slowdown_c", "no_sample", "batch_kv", "reserve_fraction"),
 )
 
 

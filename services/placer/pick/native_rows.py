@@ -30,8 +30,13 @@ _ROW_SCORERS = {  # csrc/pick_rows.c's scorer kinds
     standard_scorers.load: 1,
     standard_scorers.batch_isolation: 2,
     standard_scorers.thermal_headroom: 3,
+    standard_scorers.node_reserve: 4,
 }
-_CONFIGURED = (standard_scorers.batch_isolation, standard_scorers.thermal_headroom)  # take a ScorerConfig
+_CONFIGURED = (  # the scorers that take a ScorerConfig
+    standard_scorers.batch_isolation,
+    standard_scorers.thermal_headroom,
+    standard_scorers.node_reserve,
+)
 _REQUIRED_FILTERS = (standard_filters.healthy, standard_filters.model_loadable, standard_filters.memory)
 _FILTERS = (*_REQUIRED_FILTERS, standard_filters.not_thermally_critical)  # the last one optional
 _LABEL_COLUMNS = ("zone", "rack", "host")
@@ -112,6 +117,7 @@ class NativeRows:
             scorer_slowdown_c=config.default_slowdown_c,
             no_sample=config.no_sample_thermal_score,
             batch_kv=config.batch_kv_limit,
+            reserve_fraction=config.node_reserve_fraction,
         )
         return cls(lib, table, model, avoids_degraded=degraded is not None)
 
@@ -135,6 +141,7 @@ class NativeRows:
             "slowdown_c": snapshot.slowdown_temperature_c, "shutdown_c": snapshot.shutdown_temperature_c,
             "trend": snapshot.temperature_trend_c_per_s, "reasons": snapshot.clock_event_reasons,
             "zone": snapshot.zone, "rack": snapshot.rack, "host": snapshot.host,
+            "reserve_rank": snapshot.reserve_rank,
         }  # fmt: skip
         if model is not None:
             columns |= {"resident": model.resident, "host_copy": model.host_copy, "listed": model.listed}

@@ -71,6 +71,10 @@ class ScorerConfig:
     # A node this full of KV has no room to gather more batch (batch_isolation); below the memory
     # filter's 0.98, so batch moves on before the node is refused outright.
     batch_kv_limit: float = 0.95
+    # The share of nodes node_reserve keeps for the latency classes (where a class weighs it): on a
+    # uniformly cooled fleet a sixteenth bought most of what a quarter did for chat, at a sixtieth of
+    # its cost in batch (docs/simulator.md, item 9).
+    node_reserve_fraction: float = 0.0625
 
 
 def model_affinity(snapshot: ClusterSnapshot, query: PickQuery, rows: Rows) -> np.ndarray:
@@ -164,6 +168,32 @@ def thermal_headroom(
     return score
 
 
+def node_reserve(
+    snapshot: ClusterSnapshot,
+    query: PickQuery,
+    rows: Rows,
+    *,
+    config: ScorerConfig = ScorerConfig(),
+) -> np.ndarray:
+    """The node reserve: the nodes whose reserve_rank (a hash of the node id, uniform in [0, 1)) lies
+    below config.node_reserve_fraction are kept for the latency classes. A BATCH request scores 0 on
+    them and 1 elsewhere; every other class 1 on them and 0 elsewhere.
+
+    Why: where batch reaches a GPU, its prompt chunks stretch every chat token there, and at fleet load
+    an evenly spread batch reaches every GPU. Uneven cooling keeps batch off the hot GPUs
+    (thermal_headroom), which leaves chat somewhere to go; a uniformly cooled fleet has no such GPUs.
+    Weighted above what load and heat can make up, batch lands on the reserve only when no node outside
+    it passes the filters. A hash, not a list kept somewhere: every placer replica reserves the same
+    nodes with nothing to agree on, and a node keeps its place as others come and go. No class weighs
+    it by default, and the latency classes are better left unweighted too: load already sends them to
+    the nodes batch keeps off, and drawn into a reserve too small for them they queue there
+    (docs/simulator.md, item 9)."""
+    reserved = snapshot.reserve_rank[rows] < config.node_reserve_fraction
+    if query.workload_class == WorkloadClass.BATCH:
+        reserved = ~reserved
+    return reserved.astype(np.float64)
+
+
 def topology(
     snapshot: ClusterSnapshot, query: PickQuery, context: PickContext, out: np.ndarray
 ) -> np.ndarray | None:
@@ -221,6 +251,7 @@ def build_scorers(config: ScorerConfig | None = None) -> dict[str, Scorer]:
         "load": load,
         "batch_isolation": functools.partial(batch_isolation, config=config),
         "thermal_headroom": functools.partial(thermal_headroom, config=config),
+        "node_reserve": functools.partial(node_reserve, config=config),
         "topology": RequestScorer(topology),
         "prefix_affinity": RequestScorer(functools.partial(prefix_affinity, config=config)),
     }

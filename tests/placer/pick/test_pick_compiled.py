@@ -34,6 +34,7 @@ CONFIGS = {
             default_slowdown_c=85.0,
             no_sample_thermal_score=0.3,
             batch_kv_limit=0.8,
+            node_reserve_fraction=0.4,
         ),
     ),
 }

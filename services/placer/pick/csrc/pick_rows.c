@@ -16,7 +16,7 @@
 #define HW_THERMAL (0x40ULL | 0x8ULL)
 #define DEFAULT_SLOWDOWN_C 87.0
 
-enum { MODEL_AFFINITY = 0, LOAD = 1, BATCH_ISOLATION = 2, THERMAL_HEADROOM = 3 };
+enum { MODEL_AFFINITY = 0, LOAD = 1, BATCH_ISOLATION = 2, THERMAL_HEADROOM = 3, NODE_RESERVE = 4 };
 enum { MAX_SCORERS = 8 };
 
 /* The snapshot's columns (numpy bool is one byte), and one model's residency (NULL: model unknown). */
@@ -26,6 +26,7 @@ typedef struct {
     const double *kv_usage, *memory_free_bytes, *temperature_c, *slowdown_c, *shutdown_c, *trend;
     const uint64_t *reasons;
     const int32_t *zone, *rack, *host;
+    const double *reserve_rank;
     double weight_bytes;
 } Columns;
 
@@ -42,6 +43,7 @@ typedef struct {
     double penalty, near_band_c, degraded_slowdown_c;
     double kv_full_fraction, shutdown_margin_c;                      /* FilterConfig */
     double span_c, horizon_s, scorer_slowdown_c, no_sample, batch_kv; /* ScorerConfig */
+    double reserve_fraction;                                          /* ScorerConfig */
 } Table;
 
 static double slowdown_of(double reported, double fallback) { return reported > 0.0 ? reported : fallback; }
@@ -81,6 +83,10 @@ static double score_of(const Columns *c, const Table *t, int64_t kind, int64_t r
         if (!t->batch) return share * -1.0 + 1.0;
         if (c->batch_waiting[r] > 0.0 || work >= c->max_running[r] || c->kv_usage[r] >= t->batch_kv) return 0.0;
         return share;
+    }
+    case NODE_RESERVE: {
+        double reserved = c->reserve_rank[r] < t->reserve_fraction ? 1.0 : 0.0;
+        return t->batch ? 1.0 - reserved : reserved;
     }
     default: { /* THERMAL_HEADROOM */
         double slowdown = slowdown_of(c->slowdown_c[r], t->scorer_slowdown_c);
