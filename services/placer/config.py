@@ -88,9 +88,9 @@ class PlacerSettings:
 
 def _fraction(environ: Mapping[str, str], name: str, default: float) -> float:
     """A share in [0, 1] from environ[name]; ValueError naming the variable otherwise."""
-    value = env_float(environ, name, default, 0.0)
-    if value > 1.0:
-        raise ValueError(f"{name}={environ[name]!r} must be <= 1 (a share of the nodes)")
+    value = env_float(environ, name, default)
+    if not 0.0 <= value <= 1.0:  # NaN too
+        raise ValueError(f"{name}={environ[name]!r} must lie in [0, 1] (a share of the nodes)")
     return value
 
 

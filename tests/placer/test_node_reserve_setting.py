@@ -36,10 +36,12 @@ def test_the_shipped_weights_file_keeps_batch_off_the_reserve_and_nothing_else()
 def test_the_fraction_comes_from_the_environment() -> None:
     assert PlacerSettings.from_env({}).node_reserve_fraction == ScorerConfig().node_reserve_fraction == 0.0625
     assert PlacerSettings.from_env({"HANZO_PLACER_NODE_RESERVE_FRACTION": "0.4"}).node_reserve_fraction == 0.4
-    with pytest.raises(ValueError, match=re.escape("HANZO_PLACER_NODE_RESERVE_FRACTION='1.5' must be <= 1")):
-        PlacerSettings.from_env({"HANZO_PLACER_NODE_RESERVE_FRACTION": "1.5"})
-    with pytest.raises(ValueError, match=re.escape("HANZO_PLACER_NODE_RESERVE_FRACTION='-0.1' must be >= 0")):
-        PlacerSettings.from_env({"HANZO_PLACER_NODE_RESERVE_FRACTION": "-0.1"})
+    for bad in ("1.5", "-0.1", "nan"):
+        expected = f"HANZO_PLACER_NODE_RESERVE_FRACTION='{bad}' must lie in [0, 1]"
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            PlacerSettings.from_env({"HANZO_PLACER_NODE_RESERVE_FRACTION": bad})
+    with pytest.raises(ValueError, match="HANZO_PLACER_NODE_RESERVE_FRACTION='half' is not a number"):
+        PlacerSettings.from_env({"HANZO_PLACER_NODE_RESERVE_FRACTION": "half"})
 
 
 @pytest.mark.parametrize(("fraction", "reserved_takes_chat"), [(0.5, True), (0.0, False)])

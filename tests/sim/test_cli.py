@@ -83,5 +83,6 @@ def test_the_node_reserve_reaches_our_policy_and_a_share_past_1_is_refused(tmp_p
     assert policies["ours"]["node_reserve_fraction"] == 0.5
     assert policies["ours"]["class_weights"]["batch"]["node_reserve"] == 1.0
     assert policies["random"]["node_reserve_fraction"] is None  # the baselines have no reserve
-    done = sim("--node-reserve", "1.5")
-    assert done.returncode == 2 and "--node-reserve 1.5" in done.stderr, done.stderr
+    for bad in ("1.5", "nan"):
+        done = sim("--node-reserve", bad)
+        assert done.returncode == 2 and f"--node-reserve {bad}" in done.stderr, done.stderr

@@ -8,7 +8,6 @@ rows in use.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from dataclasses import dataclass
 from typing import Protocol
@@ -17,6 +16,7 @@ import numpy as np
 
 from services.placer.cluster.batches import Column, LoadBatch, ThermalBatch
 from services.placer.cluster.records import NodeRecord, ThermalSample
+from services.placer.cluster.reserve import reserve_rank
 
 
 class NodeLoadLike(Protocol):
@@ -64,14 +64,6 @@ UNKNOWN_CODE = -1
 _EPOCHS = itertools.count()
 # The write log keeps at least this many entries (and twice the capacity) before dropping its older half.
 _MIN_LOG_ENTRIES = 4096
-
-
-def reserve_rank(node_id: str) -> float:
-    """A node's place in [0, 1) for the node reserve (scorers.node_reserve): a hash of its id, so every
-    placer replica, and every restart, reserves the same nodes, and a node keeps its place as others
-    come and go."""
-    digest = hashlib.blake2b(node_id.encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "big") >> 11) / float(1 << 53)  # 53 bits: exact in a double, below 1
 
 
 def topology_keys(zone: str, rack: str, host: str) -> tuple[str, str, str]:

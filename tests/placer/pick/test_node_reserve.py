@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from services.common.workload import WorkloadClass
-from services.placer.cluster.snapshot import ClusterSnapshot, reserve_rank
+from services.placer.cluster.reserve import reserve_rank
+from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.pick import ClassWeights, Picker
 from services.placer.pick.query import NO_CONTEXT
 from services.placer.pick.scorers import ScorerConfig, build_scorers, evaluate, node_reserve
