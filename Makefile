@@ -48,11 +48,13 @@ $(PICK_STAMP): $(PICK_SOURCES) $(STAMP)
 	touch $(PICK_STAMP)
 
 # The fleet simulator's hot modules compiled with mypyc (sim/compiled.py) into ~/.cache/hanzo, keyed by
-# their source; without mypy or a compiler the simulator runs its Python source and says so.
-SIM_SOURCES := $(wildcard sim/*.py)
+# their source, and its prefix + load ranking in C (sim/csrc); without mypy or a compiler the simulator
+# runs its Python source and numpy, and says so.
+SIM_SOURCES := $(wildcard sim/*.py sim/csrc/*.c)
 SIM_STAMP := $(VENV)/.sim
 $(SIM_STAMP): $(SIM_SOURCES) $(GENERATED) $(STAMP)
 	$(PY) -m sim.mypyc_build
+	$(PY) -c "from sim import prefix_load_native; prefix_load_native.library()"
 	touch $(SIM_STAMP)
 
 kernels: $(KERNEL_STAMP) $(PICK_STAMP) $(SIM_STAMP)

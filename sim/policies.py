@@ -31,6 +31,7 @@ from services.placer.pick.scorers import RequestScorer, ScorerConfig
 from services.placer.pick.table import RowTable
 from services.placer.pick.weights import ClassWeights
 from sim.llm_d_prefix import BLOCK_TOKENS, LlmDPrefixIndex
+from sim.prefix_load_native import PrefixLoadRanking
 
 
 class Choice(NamedTuple):
@@ -177,13 +178,17 @@ class _Candidates:
         self._tables: dict[str, RowTable] = {}
 
     def __call__(self, state: ClusterState, query: PickQuery) -> np.ndarray:
+        return np.flatnonzero(self.passed(state, query)[: state.snapshot.num_rows])
+
+    def passed(self, state: ClusterState, query: PickQuery) -> np.ndarray:
+        """Per row (the snapshot's capacity), whether it passes: the table's own array, to be read only."""
         table = self._tables.get(query.model)
         if table is None:
             chosen = tuple(_BASE_FILTERS.values())
             native = NativeRows.create(query.model, query.workload_class, chosen, [], [], None, 1.0, 0)
             table = self._tables[query.model] = RowTable(chosen, [], [], None, 1.0, native)
         table.refresh(state.snapshot, query)
-        return np.flatnonzero(table.passed[: state.snapshot.num_rows])
+        return table.passed
 
 
 class _PrefixLoad:
@@ -193,21 +198,34 @@ class _PrefixLoad:
     Picker a pick cost 74 us at 1,000 GPUs. Its ranking is simple enough to take directly: a candidate
     totals 2 x its queue score plus 3 x its prefix score, formed as the Picker's C ranking forms them
     (0 + 2 x queue, then + 3 x prefix where the index holds some of the prompt), the best within its tie
-    tolerance drawn in row order from the same random stream, over the same prefix index.
-    tests/sim/test_prefix_load.py holds the two to the same node on every pick, over a churning fleet and
-    a simulated run."""
+    tolerance drawn in row order from the same random stream, over the same prefix index. The ranking
+    itself runs in C where it can be built (csrc/prefix_load.c: one call where numpy made a dozen, the
+    same operations in the same order), else in numpy. tests/sim/test_prefix_load.py holds both to the
+    Picker's node on every pick, over a churning fleet and a simulated run."""
 
-    def __init__(self, seed: int, server_blocks: Callable[[str], int] | None = None) -> None:
+    def __init__(
+        self, seed: int, server_blocks: Callable[[str], int] | None = None, compiled: bool = True
+    ) -> None:
+        """compiled: rank in C where it can be built (sim/prefix_load_native.py); False: numpy."""
         self._tie_break = TieBreak(np.random.default_rng([seed, 22]))
         self._index = LlmDPrefixIndex(server_blocks)
         self._candidates = _Candidates()
+        self._compiled = (
+            PrefixLoadRanking.create(
+                _PREFIX_LOAD_WEIGHTS["queue"], _PREFIX_LOAD_WEIGHTS["prefix_affinity"], TIE_TOLERANCE
+            )
+            if compiled
+            else None
+        )
 
     def __call__(self, state: ClusterState, query: PickQuery) -> Choice | None:
         snapshot = state.snapshot
         if snapshot.num_rows == 0 or query.model not in snapshot.models:
             return None
-        rows = self._candidates(state, query)
         excluded = [r for r in map(snapshot.row_of.get, query.exclude) if r is not None]
+        if self._compiled is not None:
+            return self._ranked(state, query, excluded)
+        rows = self._candidates(state, query)
         if excluded:
             rows = rows[~np.isin(rows, excluded)]
         if not rows.size:
@@ -233,6 +251,25 @@ class _PrefixLoad:
         chosen = held[prefix_rows == row]
         return Choice(node_id, int(chosen[0]) * BLOCK_TOKENS if chosen.size else 0)
 
+    def _ranked(self, state: ClusterState, query: PickQuery, excluded: list[int]) -> Choice | None:
+        """The same decision as the numpy ranking above, taken by one compiled call."""
+        assert self._compiled is not None
+        snapshot = state.snapshot
+        passed = self._candidates.passed(state, query)
+        prefix_rows, held, total = self._index.match(snapshot, query)
+        row, drew, blocks = self._compiled.rank(
+            snapshot.waiting, passed, snapshot.num_rows, excluded, prefix_rows, held, total,
+            self._tie_break.next_uniform(),
+        )  # fmt: skip
+        if drew:
+            self._tie_break.take()
+        if row < 0:
+            return None
+        node_id = snapshot.node_ids[row]
+        assert node_id is not None  # a candidate is a live row
+        self._index.add(query, node_id)
+        return Choice(node_id, blocks * BLOCK_TOKENS)
+
 
 def _choice(snapshot: ClusterSnapshot, row: int) -> Choice:
     """The node at a candidate row, chosen by a policy without a prefix memo."""
@@ -241,9 +278,12 @@ def _choice(snapshot: ClusterSnapshot, row: int) -> Choice:
     return Choice(node_id)
 
 
-def prefix_load(seed: int, server_blocks: Callable[[str], int] | None = None) -> Policy:
-    """server_blocks: each server's KV blocks, llm-d's auto-tuned index capacity (LlmDPrefixIndex)."""
-    return _PrefixLoad(seed, server_blocks)
+def prefix_load(
+    seed: int, server_blocks: Callable[[str], int] | None = None, compiled: bool = True
+) -> Policy:
+    """server_blocks: each server's KV blocks, llm-d's auto-tuned index capacity (LlmDPrefixIndex);
+    compiled: False ranks in numpy (the same decisions)."""
+    return _PrefixLoad(seed, server_blocks, compiled)
 
 
 def random_choice(seed: int) -> Policy:

@@ -15,19 +15,23 @@ from services.placer.pick.query import PickQuery
 from sim.config import SimConfig, WorkloadConfig
 from sim.fleet import FleetLayout
 from sim.policies import Choice, prefix_load, prefix_load_picker
+from sim.prefix_load_native import PrefixLoadRanking
 from sim.sharegpt import conversations
 from sim.simulation import Simulation
 from tests.placer.pick.churn import CLASSES, random_spec, random_write
 from tests.placer.pick.helpers import MODEL, NOW, query, snapshot_of
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
 @pytest.mark.parametrize("writes_per_pick", [0, 1, 3])
-def test_the_same_node_as_the_picker_over_a_churning_fleet(writes_per_pick: int) -> None:
+def test_the_same_node_as_the_picker_over_a_churning_fleet(writes_per_pick: int, compiled: bool) -> None:
     rng = np.random.default_rng(11 + writes_per_pick)
     ids = [f"n{i}" for i in range(12)]
     state = ClusterState(clock=lambda: NOW)
     state.snapshot = snapshot_of(*({"id": i, **random_spec(rng, k)} for k, i in enumerate(ids)))
-    fast, reference = prefix_load(3), prefix_load_picker(3)
+    if compiled:
+        assert PrefixLoadRanking.create(2.0, 3.0, 1e-9) is not None, "the C ranking did not build"
+    fast, reference = prefix_load(3, compiled=compiled), prefix_load_picker(3)
     outcomes: Counter[str] = Counter()
     for step in range(600):
         for w in range(writes_per_pick):
@@ -53,13 +57,14 @@ def test_the_same_node_as_the_picker_on_every_pick_of_a_run() -> None:
     layout = FleetLayout(hosts=4, hosts_per_rack=2, model_sets=((("llama-70b", "llama-8b", "minilm"), 1.0),))
     sim = Simulation(SimConfig(layout, WorkloadConfig(duration_s=60.0)), "prefix_load", conversations(300))
     reference = prefix_load_picker(0, sim.kv_blocks)
+    in_numpy = prefix_load(0, sim.kv_blocks, compiled=False)
     choose = sim.choose
     picks = 0
 
     def both(state: ClusterState, q: PickQuery) -> Choice | None:
         nonlocal picks
         chosen = choose(state, q)
-        assert chosen == reference(state, q), f"pick {picks}"
+        assert chosen == reference(state, q) == in_numpy(state, q), f"pick {picks}"
         picks += 1
         return chosen
 

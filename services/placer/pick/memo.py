@@ -61,6 +61,17 @@ class TieBreak:
 
     def draw(self, n: int) -> int:
         """A uniform index in [0, n)."""
+        uniform = self.next_uniform()
+        self._uniforms.pop()
+        return min(int(uniform * n), n - 1)
+
+    def next_uniform(self) -> float:
+        """The uniform the next draw takes, left for it: a compiled ranking draws min(int(u x n), n - 1)
+        itself and then calls take()."""
         if not self._uniforms:
             self._uniforms = self._rng.random(1024).tolist()
-        return min(int(self._uniforms.pop() * n), n - 1)
+        return self._uniforms[-1]
+
+    def take(self) -> None:
+        """Use up next_uniform()'s value."""
+        self._uniforms.pop()

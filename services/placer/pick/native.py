@@ -123,15 +123,16 @@ def _library() -> ctypes.CDLL | None:
     return lib
 
 
-def build() -> Path:
-    """The shared library for this source, flags and machine, compiling it if it is not cached yet."""
+def build(source_path: Path = _SOURCE, name: str = "placer_pick") -> Path:
+    """The shared library for this source (the pick's, unless given), flags and machine, compiling it if
+    it is not cached yet; name prefixes the cached file."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
-    source = _SOURCE.read_bytes()
+    source = source_path.read_bytes()
     key = hashlib.sha256(source + " ".join([*_CFLAGS, platform.machine()]).encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "hanzo"
-    target = cache / f"placer_pick_{key}.so"
+    target = cache / f"{name}_{key}.so"
     if target.exists():
         return target
     cache.mkdir(parents=True, exist_ok=True)
@@ -139,7 +140,7 @@ def build() -> Path:
     with tempfile.TemporaryDirectory(dir=cache) as scratch:
         partial = Path(scratch) / target.name
         subprocess.run(
-            [compiler, *_CFLAGS, "-o", str(partial), str(_SOURCE), "-lm"],
+            [compiler, *_CFLAGS, "-o", str(partial), str(source_path), "-lm"],
             check=True,
             capture_output=True,
         )

@@ -1,0 +1,95 @@
+"""prefix + load's ranking compiled (csrc/prefix_load.c), loaded with ctypes: one call per pick where
+numpy made a dozen. Built as the placer's compiled pick is (services/placer/pick/native.py: the system C
+compiler, cached in ~/.cache/hanzo by a hash of the source); where it cannot be built, or with
+HANZO_PLACER_NATIVE=0, sim/policies.py ranks in numpy, which takes the same decisions."""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from services.placer.pick import native
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("csrc") / "prefix_load.c"
+_ptr, _i64, _f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """The compiled ranking, or None where it is unavailable (the reason logged once)."""
+    if os.environ.get(native.ENV_SWITCH, "1") == "0":
+        return None
+    try:
+        lib = ctypes.CDLL(str(native.build(_SOURCE, "sim_prefix_load")))
+    except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
+        log.warning("compiled prefix + load ranking unavailable, ranking in numpy: %s", err)
+        return None
+    lib.rank_prefix_load.restype = _i64
+    lib.rank_prefix_load.argtypes = [
+        *(_ptr, _ptr, _i64, _ptr, _i64, _ptr, _ptr, _i64, _i64),
+        *(_f64, _f64, _f64, _f64, _ptr, _ptr, _ptr, _ptr),
+    ]
+    return lib
+
+
+class PrefixLoadRanking:
+    """The compiled ranking and its scratch; create() returns None where it is unavailable."""
+
+    def __init__(self, lib: ctypes.CDLL, queue_weight: float, prefix_weight: float, tolerance: float) -> None:
+        self._rank = lib.rank_prefix_load
+        self._weights = (queue_weight, prefix_weight, tolerance)
+        self._mask = np.zeros(0, dtype=np.uint8)  # zeroed between calls
+        self._prefix_score = np.zeros(0)
+        self._drew, self._held = _i64(), _i64()
+        self._outs = (ctypes.addressof(self._drew), ctypes.addressof(self._held))
+        self._addresses: dict[int, tuple[np.ndarray, int]] = {}  # id(array) -> (array, its address)
+
+    @classmethod
+    def create(cls, queue_weight: float, prefix_weight: float, tolerance: float) -> PrefixLoadRanking | None:
+        lib = library()
+        return None if lib is None else cls(lib, queue_weight, prefix_weight, tolerance)
+
+    def rank(
+        self,
+        waiting: np.ndarray,
+        passed: np.ndarray,
+        n: int,
+        excluded: list[int],
+        prefix_rows: np.ndarray,
+        held: np.ndarray,
+        total_blocks: int,
+        uniform: float,
+    ) -> tuple[int, bool, int]:
+        """(the chosen row or -1, whether the draw was used, the chosen row's blocks of the prompt) over
+        rows 0..n: waiting (float64) and passed (bool) per row, the rows left out, the index's match."""
+        if self._mask.size < n:
+            self._mask = np.zeros(waiting.size, dtype=np.uint8)
+            self._prefix_score = np.zeros(waiting.size)
+        out = np.array(excluded, dtype=np.int64) if excluded else None
+        rows = np.ascontiguousarray(prefix_rows, dtype=np.int64)
+        blocks = np.ascontiguousarray(held, dtype=np.int64)
+        row = self._rank(
+            self._address(waiting), self._address(passed), n,
+            None if out is None else out.ctypes.data, 0 if out is None else out.size,
+            rows.ctypes.data if rows.size else None, blocks.ctypes.data if rows.size else None, rows.size,
+            total_blocks, *self._weights, uniform,
+            self._address(self._mask), self._address(self._prefix_score), *self._outs,
+        )  # fmt: skip
+        return int(row), bool(self._drew.value), int(self._held.value)
+
+    def _address(self, array: np.ndarray) -> int:
+        """A long-lived array's address, remembered (the columns and tables are reused between picks)."""
+        known = self._addresses.get(id(array))
+        if known is None or known[0] is not array:
+            if len(self._addresses) > 64:  # arrays replaced as the fleet grows: forget the old ones
+                self._addresses.clear()
+            known = self._addresses[id(array)] = (array, native.address(array))
+        return known[1]
