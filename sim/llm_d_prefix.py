@@ -52,6 +52,10 @@ class _Holders:
         self._rows = _NO_ROWS  # servers' snapshot rows (-1: not in it), valid while _rows_for holds
         self._rows_for = (-1, -1, -1)  # (snapshot epoch, its membership, this element's changes)
         self._changes = 0
+        # The arrays' addresses for the compiled walk, taken when they are (re)allocated: numpy takes
+        # about a microsecond to tell one.
+        self.sent_address: int = self.sent.ctypes.data
+        self._rows_address: int = self._rows.ctypes.data
 
     def __len__(self) -> int:
         return len(self.servers)
@@ -67,6 +71,7 @@ class _Holders:
             self.servers.append(server)
             if at == self.sent.size:
                 self.sent = np.concatenate((self.sent, np.zeros(at, dtype=np.int64)))
+                self.sent_address = self.sent.ctypes.data
             self._changes += 1
         self.sent[at] = sent
 
@@ -85,8 +90,14 @@ class _Holders:
         if key != self._rows_for:
             row_of = snapshot.row_of
             self._rows = np.array([row_of.get(s, -1) for s in self.servers], dtype=np.int64)
+            self._rows_address = self._rows.ctypes.data
             self._rows_for = key
         return self._rows
+
+    def rows_address(self, snapshot: ClusterSnapshot) -> int:
+        """The address of rows(snapshot)."""
+        self.rows(snapshot)
+        return self._rows_address
 
 
 class LlmDPrefixIndex:
@@ -132,6 +143,25 @@ class LlmDPrefixIndex:
             held = np.concatenate([pair[1] for pair in found])[first]
         keep = (rows >= 0) & (held > 0)
         return rows[keep], held[keep], total
+
+    def chain(self, snapshot: ClusterSnapshot, query: PickQuery) -> tuple[int, list[int]]:
+        """match() as the compiled walk takes it (sim/csrc/prefix_load.c): (the prompt's blocks, and for
+        each chain element the index knows, in order up to the first it does not, the address of its
+        servers' rows, the address of how far each was sent, how many servers, and where the element
+        ends in the prompt, flattened). The walk itself ends where match() does. (0, []) where the
+        prompt has no whole block."""
+        prompt = query.prompt_estimate()
+        total = blocks(prompt)
+        if total == 0:
+            return 0, []
+        flat: list[int] = []
+        for i, element in enumerate(query.prefix_chain):
+            holders = self._holders.get(element)
+            if holders is None:
+                break
+            end = min(query.prefix_tokens(i + 1), prompt)
+            flat += (holders.rows_address(snapshot), holders.sent_address, len(holders), end)
+        return total, flat
 
     def held(self, snapshot: ClusterSnapshot, query: PickQuery) -> dict[str, int]:
         """{server: blocks of the prompt it holds} over the servers in snapshot (match by node id)."""

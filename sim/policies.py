@@ -178,7 +178,8 @@ class _Candidates:
         self._tables: dict[str, RowTable] = {}
 
     def __call__(self, state: ClusterState, query: PickQuery) -> np.ndarray:
-        return np.flatnonzero(self.passed(state, query)[: state.snapshot.num_rows])
+        # nonzero on the 1-d mask itself: np.flatnonzero's ravel and dispatch cost as much again.
+        return self.passed(state, query)[: state.snapshot.num_rows].nonzero()[0]
 
     def passed(self, state: ClusterState, query: PickQuery) -> np.ndarray:
         """Per row (the snapshot's capacity), whether it passes: the table's own array, to be read only."""
@@ -198,10 +199,11 @@ class _PrefixLoad:
     Picker a pick cost 74 us at 1,000 GPUs. Its ranking is simple enough to take directly: a candidate
     totals 2 x its queue score plus 3 x its prefix score, formed as the Picker's C ranking forms them
     (0 + 2 x queue, then + 3 x prefix where the index holds some of the prompt), the best within its tie
-    tolerance drawn in row order from the same random stream, over the same prefix index. The ranking
-    itself runs in C where it can be built (csrc/prefix_load.c: one call where numpy made a dozen, the
-    same operations in the same order), else in numpy. tests/sim/test_prefix_load.py holds both to the
-    Picker's node on every pick, over a churning fleet and a simulated run."""
+    tolerance drawn in row order from the same random stream, over the same prefix index. The index's
+    match and the ranking run in C where it can be built (csrc/prefix_load.c: one call where numpy made
+    two dozen, the same operations in the same order), else in numpy. tests/sim/test_prefix_load.py
+    holds both to the Picker's node on every pick, over a churning fleet and a simulated run, and
+    tests/sim/test_llm_d_prefix.py the compiled match to the index's own."""
 
     def __init__(
         self, seed: int, server_blocks: Callable[[str], int] | None = None, compiled: bool = True
@@ -252,13 +254,14 @@ class _PrefixLoad:
         return Choice(node_id, int(chosen[0]) * BLOCK_TOKENS if chosen.size else 0)
 
     def _ranked(self, state: ClusterState, query: PickQuery, excluded: list[int]) -> Choice | None:
-        """The same decision as the numpy ranking above, taken by one compiled call."""
+        """The same decision as the numpy ranking above, the index matched and the rows ranked by one
+        compiled call."""
         assert self._compiled is not None
         snapshot = state.snapshot
         passed = self._candidates.passed(state, query)
-        prefix_rows, held, total = self._index.match(snapshot, query)
+        total, chain = self._index.chain(snapshot, query)
         row, drew, blocks = self._compiled.rank(
-            snapshot.waiting, passed, snapshot.num_rows, excluded, prefix_rows, held, total,
+            snapshot.waiting, passed, snapshot.num_rows, excluded, total, chain,
             self._tie_break.next_uniform(),
         )  # fmt: skip
         if drew:

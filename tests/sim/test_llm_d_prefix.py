@@ -1,14 +1,20 @@
 """llm-d's approximate prefix index over prefix chains (sim/llm_d_prefix.py): what a server scores is the
 share of the prompt's blocks it was sent, walked from the first block, at most 256 blocks, and each
-server forgets its least recent blocks past its KV size."""
+server forgets its least recent blocks past its KV size. Every match here is also walked in C
+(sim/csrc/prefix_load.c, what prefix + load's compiled pick reads), which must find the same."""
 
 from __future__ import annotations
+
+import numpy as np
 
 from services.common.workload import WorkloadClass
 from services.placer.cluster.snapshot import ClusterSnapshot
 from services.placer.pick.query import PickQuery
 from sim.llm_d_prefix import LlmDPrefixIndex
+from sim.prefix_load_native import PrefixLoadRanking
 from tests.placer.pick.helpers import node, snapshot_of
+
+_COMPILED = PrefixLoadRanking.create(2.0, 3.0, 1e-9)
 
 
 def turn(chain: tuple[int, ...], ends: tuple[int, ...], prompt: int) -> PickQuery:
@@ -25,9 +31,22 @@ def fleet() -> ClusterSnapshot:
 def match(
     index: LlmDPrefixIndex, q: PickQuery, snapshot: ClusterSnapshot | None = None
 ) -> tuple[dict[str, int], int]:
-    """({server: blocks of the prompt it holds}, the prompt's blocks), over the fleet's servers."""
+    """({server: blocks of the prompt it holds}, the prompt's blocks), over the fleet's servers; the
+    compiled walk must find the same."""
     snapshot = snapshot or fleet()
-    return index.held(snapshot, q), index.match(snapshot, q)[2]
+    held, total = index.held(snapshot, q), index.match(snapshot, q)[2]
+    assert _compiled_match(index, q, snapshot) == (held, total)
+    return held, total
+
+
+def _compiled_match(
+    index: LlmDPrefixIndex, q: PickQuery, snapshot: ClusterSnapshot
+) -> tuple[dict[str, int], int]:
+    """match() as the compiled walk finds it."""
+    assert _COMPILED is not None, "the C ranking did not build"
+    total, chain = index.chain(snapshot, q)
+    rows = _COMPILED.match(snapshot.capacity, chain)
+    return {str(snapshot.node_ids[row]): held for row, held in rows.items()}, total
 
 
 def test_a_conversation_scores_the_share_of_its_prompt_a_server_was_sent() -> None:
@@ -104,3 +123,27 @@ def test_servers_outside_the_fleet_are_not_scored_and_rows_follow_the_fleet() ->
     snapshot.remove("a")
     snapshot.upsert(node("gone"))  # takes a's row
     assert match(index, follow_up, snapshot) == ({"gone": 62, "c": 62}, 100)
+
+
+def test_the_compiled_walk_matches_as_numpy_does_over_a_random_history() -> None:
+    """Shared tools and conversations extended or parted from, servers forgetting (small KV), servers
+    outside the fleet, prompts ending inside an element: every query's match, in numpy and in C."""
+    rng = np.random.default_rng(5)
+    servers = [f"s{i}" for i in range(9)]
+    snapshot = snapshot_of(*({"id": s} for s in servers[:7]))  # s7 and s8 are not in the fleet
+    index = LlmDPrefixIndex(lambda server: 150 + 40 * int(server[1:]))
+    compared = matched = 0
+    for step in range(800):
+        tools = int(rng.integers(1, 4))
+        depth = int(rng.integers(0, 4))
+        chain = (tools, *(10 * tools + int(rng.integers(0, 3)) + 100 * d for d in range(1, depth + 1)))
+        ends = np.cumsum(rng.integers(0, 900, size=len(chain))).tolist()
+        q = turn(chain, tuple(ends), ends[-1] + int(rng.integers(0, 1200)))
+        if step % 3:
+            index.add(q, servers[int(rng.integers(len(servers)))])
+        else:
+            numpy_held, total = index.held(snapshot, q), index.match(snapshot, q)[2]
+            assert _compiled_match(index, q, snapshot) == (numpy_held, total), f"step {step}"
+            compared += 1
+            matched += bool(numpy_held)
+    assert compared > 250 and matched > 100

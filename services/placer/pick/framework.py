@@ -34,7 +34,14 @@ from services.placer.pick.prefix_cost import (
     keep_prefix,
 )
 from services.placer.pick.query import PickContext, PickQuery
-from services.placer.pick.scorers import DEFAULT_SCORERS, RequestScorer, RowScorer, Scorer, clamp_scores
+from services.placer.pick.scorers import (
+    DEFAULT_SCORERS,
+    RequestScorer,
+    RowScorer,
+    Scorer,
+    clamp_score,
+    clamp_scores,
+)
 from services.placer.pick.table import RowTable
 from services.placer.pick.weights import ClassWeights
 
@@ -137,6 +144,7 @@ class Picker:
         self._compiled = compiled
         self._tables: dict[tuple[str, WorkloadClass], RowTable] = {}
         self._buffers: dict[str, np.ndarray] = {}  # reused per pick, so a pick allocates nothing fleet-sized
+        self._points: dict[str, np.ndarray] = {}  # a point scorer's row, reused per pick
         self.full_rescores = 0  # refreshes that rescored every row
         self.rows_rescored = 0  # rows rescored by the other refreshes
         self.prefix_kept = 0  # picks the prefix cost rule moved to the node holding the prompt's prefix
@@ -302,6 +310,18 @@ class Picker:
         """Run one request scorer into its buffer (all 0 before, see _clear) and clamp what it wrote:
         (the whole buffer, the rows it wrote or None); the rows also go into written."""
         buffer = self._buffer(name, snapshot)
+        if scorer.point is not None:  # at most one row: scalar writes
+            found = scorer.point(snapshot, query, context)
+            if found is None:
+                return buffer, None
+            row, value = found
+            buffer[row] = clamp_score(value)
+            point = self._points.get(name)
+            if point is None:
+                point = self._points[name] = np.zeros(1, dtype=np.int64)
+            point[0] = row
+            written[name] = point
+            return buffer, point
         out = buffer[: snapshot.num_rows]
         rows = scorer.score(snapshot, query, context, out)
         if rows is None or not rows.size:
@@ -313,7 +333,10 @@ class Picker:
     def _clear(self, written: dict[str, np.ndarray]) -> None:
         """Zero what request scorers wrote, so their buffers are all 0 for the next pick."""
         for name, rows in written.items():
-            self._buffers[name][rows] = 0.0
+            if rows.size == 1:
+                self._buffers[name][rows[0]] = 0.0
+            else:
+                self._buffers[name][rows] = 0.0
 
     def _buffer(self, name: str, snapshot: ClusterSnapshot) -> np.ndarray:
         buffer = self._buffers.get(name)

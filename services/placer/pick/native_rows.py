@@ -227,7 +227,10 @@ class NativeRows:
             if count > self._rows[slot].size:  # never at the sizes tables hand over; correct regardless
                 self._rows[slot] = np.zeros(count, dtype=np.int64)
                 self._row_addresses[slot] = native.address(self._rows[slot])
-            self._rows[slot][:count] = rows
+            if count == 1:  # a point scorer's row: a scalar write is a fraction of a slice's
+                self._rows[slot][0] = rows[0]
+            else:
+                self._rows[slot][:count] = rows
         return self._row_addresses[slot], count
 
     def rescore(
