@@ -123,6 +123,23 @@ def test_a_request_scorer_of_its_own_is_added_as_numpy_adds_it() -> None:
     assert all(t.native is not None for t in compiled._tables.values())
 
 
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "numpy"])
+def test_a_point_scorer_decides_as_its_score_does(compiled: bool) -> None:
+    """prefix_affinity's point (one row and its value, added as a scalar) against its score alone (a
+    one-row array written, clamped and cleared): the same nodes, totals and explanations."""
+    config = ScorerConfig(prefix_queue_limit=3.0)
+    standard = build_scorers(config)
+    assert standard["prefix_affinity"].point is not None  # type: ignore[union-attr]
+    score_only = {**standard, "prefix_affinity": RequestScorer(standard["prefix_affinity"].score)}  # type: ignore[union-attr]
+    weights = ClassWeights.from_config({wc.name: {**ALL_ON, "prefix_affinity": 2.0} for wc in WorkloadClass})
+    with_point, reference = (
+        Picker(weights, scorers=s, rng=np.random.default_rng(6), compiled=compiled)
+        for s in (standard, score_only)
+    )
+    assert decide_alike(with_point, reference, np.random.default_rng(8), writes_per_pick=1) > 100
+    assert with_point._points and not reference._points  # the point path ran, and only in one
+
+
 def _keep_all(snapshot, query, rows):  # type: ignore[no-untyped-def]
     """A filter and a row scorer of a test's own: every row passes, every row scores 1."""
     return np.ones(snapshot.live[rows].shape, dtype=bool)

@@ -185,3 +185,11 @@ def test_thermal_constants_come_from_config() -> None:
     assert by_id(snapshot, scorers.evaluate(thermal, snapshot, query(), NO_CONTEXT)) == pytest.approx(
         {"hot": 0.5, "unknown": 0.2}
     )
+
+
+def test_one_value_is_clamped_as_an_array_is() -> None:
+    """clamp_score (a point scorer's value) against clamp_scores: NaN and negatives to 0, above 1 to 1."""
+    values = [float("nan"), -0.5, -0.0, 0.0, 0.3, 1.0, 1.7, float("inf"), float("-inf")]
+    expected = scorers.clamp_scores(np.array(values)).tolist()
+    assert [scorers.clamp_score(v) for v in values] == expected
+    assert [scorers.clamp_score(np.float64(v)) for v in values] == expected
