@@ -7,7 +7,8 @@
 - a RequestScorer depends on the request itself (the caller's topology, the prompt's prefix): it runs
   on every pick, writing into `out` (float[num_rows], all 0) and returning the rows it wrote (row
   indices in [0, num_rows), repeats allowed, the last write counting) or None, so a pick touches only
-  the rows a request favours.
+  the rows a request favours. One that favours at most one row (prefix affinity) also gives that row
+  and its value as `point`, which the Picker writes as scalars.
 
 Scorers are pure: they read the snapshot's columns, the query and the framework-resolved context, and
 change nothing else. The framework clamps their output to [0, 1] (NaN becomes 0), weights it per
