@@ -1,22 +1,18 @@
-"""prefix + load's ranking compiled (csrc/prefix_load.c), loaded with ctypes: one call per pick where
-numpy made a dozen. Built as the placer's compiled pick is (services/placer/pick/native.py: the system C
-compiler, cached in ~/.cache/hanzo by a hash of the source); where it cannot be built, or with
-HANZO_PLACER_NATIVE=0, sim/policies.py ranks in numpy, which takes the same decisions."""
+"""prefix + load's index match and ranking compiled (csrc/prefix_load.c), loaded with ctypes: one call
+per pick where numpy made two dozen. Built as the placer's compiled pick is
+(services/placer/pick/native.py: the system C compiler, cached in ~/.cache/hanzo by a hash of the
+source); where it cannot be built, or with HANZO_PLACER_NATIVE=0, sim/policies.py ranks in numpy,
+which takes the same decisions."""
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-import os
-import subprocess
 from pathlib import Path
 
 import numpy as np
 
 from services.placer.pick import native
-
-log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("csrc") / "prefix_load.c"
 _ptr, _i64, _f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
@@ -25,12 +21,10 @@ _ptr, _i64, _f64 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_double
 @functools.cache
 def library() -> ctypes.CDLL | None:
     """The compiled ranking, or None where it is unavailable (the reason logged once)."""
-    if os.environ.get(native.ENV_SWITCH, "1") == "0":
-        return None
-    try:
-        lib = ctypes.CDLL(str(native.build(_SOURCE, "sim_prefix_load")))
-    except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
-        log.warning("compiled prefix + load ranking unavailable, ranking in numpy: %s", err)
+    lib = native.load(
+        _SOURCE, "sim_prefix_load", "compiled prefix + load ranking unavailable, ranking in numpy"
+    )
+    if lib is None:
         return None
     lib.rank_prefix_load.restype = _i64
     lib.rank_prefix_load.argtypes = [
@@ -56,7 +50,7 @@ class PrefixLoadRanking:
         self._chain = np.zeros(4 * 8, dtype=np.int64)  # the walk's elements (LlmDPrefixIndex.chain)
         self._drew, self._held = _i64(), _i64()
         self._outs = (ctypes.addressof(self._drew), ctypes.addressof(self._held))
-        self._addresses: dict[int, tuple[np.ndarray, int]] = {}  # id(array) -> (array, its address)
+        self._address = native.Addresses(64)  # the columns, the table and the scratch are reused
 
     @classmethod
     def create(cls, queue_weight: float, prefix_weight: float, tolerance: float) -> PrefixLoadRanking | None:
@@ -109,12 +103,3 @@ class PrefixLoadRanking:
             self._chain = np.zeros(2 * len(chain), dtype=np.int64)
         if chain:
             self._chain[: len(chain)] = chain
-
-    def _address(self, array: np.ndarray) -> int:
-        """A long-lived array's address, remembered (the columns and tables are reused between picks)."""
-        known = self._addresses.get(id(array))
-        if known is None or known[0] is not array:
-            if len(self._addresses) > 64:  # arrays replaced as the fleet grows: forget the old ones
-                self._addresses.clear()
-            known = self._addresses[id(array)] = (array, native.address(array))
-        return known[1]

@@ -27,6 +27,7 @@ from services.placer.pick.filters import DEFAULT_FILTERS, Filter, Rows
 from services.placer.pick.leaders import TIE_TOLERANCE, rank_leaders
 from services.placer.pick.memo import PrefixMemo, TieBreak
 from services.placer.pick.native_rows import NativeRows, is_topology
+from services.placer.pick.plan import Plan, plan_of
 from services.placer.pick.prefix_cost import (
     DEFAULT_PREFIX_BALANCE,
     PREFIX_COST_CLASSES,
@@ -37,7 +38,6 @@ from services.placer.pick.query import PickContext, PickQuery
 from services.placer.pick.scorers import (
     DEFAULT_SCORERS,
     RequestScorer,
-    RowScorer,
     Scorer,
     clamp_score,
     clamp_scores,
@@ -88,18 +88,6 @@ class _Ranking(NamedTuple):
     topology: np.ndarray | None
 
 
-class _Plan(NamedTuple):
-    """One class's scorers with a nonzero weight, resolved once: names in weight order, the row scorers
-    (kept in the RowTable) and the request scorers (run per pick) with their weights, and the row
-    scorers' names alone."""
-
-    names: list[str]
-    row: list[tuple[str, RowScorer, float]]
-    request: list[tuple[str, RequestScorer, float]]
-    weight_sum: float
-    row_names: list[str]
-
-
 class Picker:
     """Chooses a node per request. Keeps each prompt prefix -> node id of its last pick, and a RowTable per
     model and class (rebuilt from the snapshot whenever it cannot be brought up to date)."""
@@ -132,7 +120,7 @@ class Picker:
         where the compiled pick (native.py) could serve its filters and scorers: the same decisions.
         """
         self._filters = tuple(filters.values())
-        self._plans = {wc: _plan_of(weights, dict(scorers), wc) for wc in WorkloadClass}
+        self._plans = {wc: plan_of(weights, dict(scorers), wc) for wc in WorkloadClass}
         self._tie_break = TieBreak(rng if rng is not None else np.random.default_rng())
         self._prefixes = PrefixMemo(prefix_capacity)
         self._near_band_c = near_slowdown_band_c
@@ -226,7 +214,7 @@ class Picker:
         row: int,
         snapshot: ClusterSnapshot,
         query: PickQuery,
-        plan: _Plan,
+        plan: Plan,
         table: RowTable,
         context: PickContext,
         written: dict[str, np.ndarray],
@@ -251,7 +239,7 @@ class Picker:
         leaders = np.concatenate(([row], ranking.leaders[others]))
         return _Ranking(leaders, np.concatenate(([total], ranking.totals[others])), topology)
 
-    def _table(self, query: PickQuery, plan: _Plan) -> RowTable:
+    def _table(self, query: PickQuery, plan: Plan) -> RowTable:
         key = (query.model, query.workload_class)
         table = self._tables.get(key)
         if table is None:
@@ -275,7 +263,7 @@ class Picker:
         self,
         snapshot: ClusterSnapshot,
         query: PickQuery,
-        plan: _Plan,
+        plan: Plan,
         table: RowTable,
         context: PickContext,
         excluded_rows: list[int],
@@ -315,6 +303,11 @@ class Picker:
             if found is None:
                 return buffer, None
             row, value = found
+            if not 0 <= row < snapshot.num_rows:  # the buffer is the capacity's: a bad row would stay
+                raise ValueError(
+                    f"request scorer {name!r} pointed at row {row}, outside the snapshot's"
+                    f" {snapshot.num_rows} rows"
+                )
             buffer[row] = clamp_score(value)
             point = self._points.get(name)
             if point is None:
@@ -347,7 +340,7 @@ class Picker:
     def _explain(
         self,
         snapshot: ClusterSnapshot,
-        plan: _Plan,
+        plan: Plan,
         table: RowTable,
         written: dict[str, np.ndarray],
         ranking: _Ranking,
@@ -381,23 +374,3 @@ class Picker:
         )
         near = snapshot.temperature_c[rows] >= slowdown - self._near_band_c
         return snapshot.has_thermal[rows] & (throttled | near)
-
-
-def _plan_of(weights: ClassWeights, scorers: dict[str, Scorer], workload_class: WorkloadClass) -> _Plan:
-    names: list[str] = []
-    row: list[tuple[str, RowScorer, float]] = []
-    request: list[tuple[str, RequestScorer, float]] = []
-    for name, weight in weights.for_class(workload_class).items():
-        if name not in scorers:
-            raise ValueError(f"weights for {workload_class.name} name unknown scorer {name!r}")
-        if not weight >= 0:
-            raise ValueError(f"weight of {name!r} for {workload_class.name} is negative: {weight}")
-        if weight > 0:
-            scorer = scorers[name]
-            names.append(name)
-            if isinstance(scorer, RequestScorer):
-                request.append((name, scorer, float(weight)))
-            else:
-                row.append((name, scorer, float(weight)))
-    weight_sum = sum(w for _, _, w in row) + sum(w for _, _, w in request)
-    return _Plan(names, row, request, weight_sum, [name for name, _, _ in row])

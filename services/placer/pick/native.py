@@ -109,18 +109,26 @@ def library() -> ctypes.CDLL | None:
 
 @functools.cache
 def _library() -> ctypes.CDLL | None:
-    if os.environ.get(ENV_SWITCH, "1") == "0":
-        return None
-    try:
-        lib = ctypes.CDLL(str(build()))
-    except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
-        log.warning("compiled pick unavailable, the placer ranks in numpy: %s", err)
+    lib = load(_SOURCE, "placer_pick", "compiled pick unavailable, the placer ranks in numpy")
+    if lib is None:
         return None
     lib.rescore_rows.restype = _i64
     lib.rescore_rows.argtypes = [_ptr, _ptr, _ptr, _i64, _f64, _ptr]
     lib.rank_rows.restype = _i64
     lib.rank_rows.argtypes = [_ptr, _ptr, _i64, _ptr, _f64, _i64, _ptr, _ptr, _ptr, _ptr]
     return lib
+
+
+def load(source_path: Path, name: str, unavailable: str) -> ctypes.CDLL | None:
+    """The library of source_path built (build) and loaded; None where ENV_SWITCH is "0" or it cannot be
+    built or loaded, the reason logged after unavailable."""
+    if os.environ.get(ENV_SWITCH, "1") == "0":
+        return None
+    try:
+        return ctypes.CDLL(str(build(source_path, name)))
+    except (OSError, subprocess.CalledProcessError, RuntimeError) as err:
+        log.warning("%s: %s", unavailable, err)
+        return None
 
 
 def build(source_path: Path = _SOURCE, name: str = "placer_pick") -> Path:
@@ -156,3 +164,24 @@ def address(array: object) -> int:
 def pack(values: Sequence[float | int], kind: type, length: int) -> ctypes.Array:  # type: ignore[type-arg]
     """values as a ctypes array of kind and length (the rest zero)."""
     return (kind * length)(*values)
+
+
+class Addresses:
+    """Long-lived arrays' addresses, each looked up once: numpy takes about a microsecond to tell one.
+    An entry holds its array, so an id is never reused while remembered; past kept entries (arrays
+    replaced as the fleet changes) all are forgotten."""
+
+    def __init__(self, kept: int) -> None:
+        self._kept = kept
+        self._known: dict[int, tuple[object, int]] = {}  # id -> (array, address)
+
+    def __call__(self, array: object) -> int:
+        known = self._known.get(id(array))
+        if known is None or known[0] is not array:
+            if len(self._known) > self._kept:
+                self._known.clear()
+            known = self._known[id(array)] = (array, address(array))
+        return known[1]
+
+    def clear(self) -> None:
+        self._known.clear()

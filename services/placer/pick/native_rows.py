@@ -65,7 +65,7 @@ class NativeRows:
         # byref once: the structures live as long as this object.
         self._refs = tuple(map(ctypes.byref, (self._columns, table, self._until, self._request, self._ties)))
         self._kept: tuple[object, ...] = ()  # arrays whose addresses the structures hold
-        self._addresses: dict[int, tuple[np.ndarray, int]] = {}  # id -> (array, address); see _address
+        self._address = native.Addresses(_ADDRESSES_KEPT)  # label lists, request scorers' buffers
         self._labels_of: tuple[ClusterSnapshot, int] | None = None  # what _callers was resolved against
         self._callers: dict[tuple[str, str, str], tuple[list[int], list[int], list[int]]] = {}
         self.leader_totals = self.leaders = self.topology = np.zeros(0)
@@ -158,7 +158,7 @@ class NativeRows:
         table.seen = native.address(self._seen)
         capacity = snapshot.capacity
         if self.leaders.size != capacity:
-            self._addresses.clear()
+            self._address.clear()
             self.leader_totals = np.zeros(capacity)
             self.leaders = np.zeros(capacity, dtype=np.int64)
             self.topology = np.zeros(capacity)
@@ -210,15 +210,6 @@ class NativeRows:
             addresses.append(self._address(rows))
             counts.append(0 if code == UNKNOWN_CODE else rows.size)
         return codes, addresses, counts
-
-    def _address(self, array: np.ndarray) -> int:
-        """A long-lived array's address, looked up once (numpy's is microseconds per call)."""
-        known = self._addresses.get(id(array))
-        if known is None or known[0] is not array:
-            if len(self._addresses) > _ADDRESSES_KEPT:  # label lists are replaced as nodes come and go
-                self._addresses.clear()
-            known = self._addresses[id(array)] = (array, native.address(array))
-        return known[1]
 
     def _staged(self, slot: int, rows: Sequence[int] | np.ndarray) -> tuple[int, int]:
         """rows copied into scratch slot: (its address, how many)."""

@@ -140,6 +140,20 @@ def test_a_point_scorer_decides_as_its_score_does(compiled: bool) -> None:
     assert with_point._points and not reference._points  # the point path ran, and only in one
 
 
+def test_a_point_outside_the_snapshot_is_refused_by_name() -> None:
+    """A point scorer's bug (a row past the snapshot) fails the pick naming the scorer, rather than
+    writing into the buffer's spare capacity where later picks would read it."""
+    stray = RequestScorer(lambda *_: None, point=lambda snapshot, query, context: (snapshot.num_rows, 1.0))
+    scorers = {**build_scorers(), "stray": stray}
+    weights = ClassWeights.from_config({wc.name: {"stray": 0.5} for wc in WorkloadClass}, scorers)
+    picker = Picker(weights, scorers=scorers, rng=np.random.default_rng(0))
+    snapshot = snapshot_of({"id": "a", "models": {MODEL: "resident"}})
+    with pytest.raises(
+        ValueError, match="request scorer 'stray' pointed at row 1, outside the snapshot's 1 rows"
+    ):
+        picker.pick(snapshot, query())
+
+
 def _keep_all(snapshot, query, rows):  # type: ignore[no-untyped-def]
     """A filter and a row scorer of a test's own: every row passes, every row scores 1."""
     return np.ones(snapshot.live[rows].shape, dtype=bool)
