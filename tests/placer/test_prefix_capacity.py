@@ -27,10 +27,8 @@ async def test_a_next_turn_follows_its_prefix_only_while_remembered(
 ) -> None:
     # Beats 5 s apart: at the suite's 0.2 s a node expires 0.6 s after its one beat, and a stall that
     # long before the second pick (it happened once in CI) leaves only the first pick's node to take it.
-    async with serving_placer(redis_server.url, prefix_capacity=capacity, heartbeat_interval_s=5.0) as (
-        _,
-        stub,
-    ):
+    placer = serving_placer(redis_server.url, prefix_capacity=capacity, heartbeat_interval_s=5.0)
+    async with placer as (_, stub):
         await stub.Heartbeat(node_report("a"))
         await stub.Heartbeat(node_report("b"))
         first = pick_request()
